@@ -1,0 +1,75 @@
+# ModelDeploy — one command for the demo, one for the tests. Everything else is installed on demand.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+export GOTOOLCHAIN := local
+
+VENV      := .venv
+PY        := $(VENV)/bin/python
+STAMP     := $(VENV)/.installed
+PYTEST    := $(PY) -m pytest -p no:cacheprovider
+
+.PHONY: help venv binaries prometheus deps test test-unit test-integration test-e2e lint \
+        cluster-up cluster-down demo bench-serving bench-operator clean
+
+help:
+	@echo "make demo        bring up the local cluster and run the main job on it"
+	@echo "make test        install what is missing, then run unit, integration and e2e tests"
+	@echo "make lint        ruff + mypy"
+	@echo "make cluster-up / cluster-down   the local Kubernetes cluster alone"
+	@echo "make bench-serving / bench-operator   benchmarks (results under bench/results/)"
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip==25.3"
+	$(PY) -m pip install --quiet -e '.[server,operator,cluster,dev]'
+	@touch $@
+
+venv: $(STAMP)
+
+binaries:
+	@tools/build-binaries.sh >/dev/null
+
+prometheus:
+	@command -v prometheus >/dev/null || { \
+	  echo "installing Debian's prometheus ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  systemctl disable --now prometheus >/dev/null 2>&1 || true; service prometheus stop >/dev/null 2>&1 || true; }
+
+deps: venv binaries prometheus
+
+test: deps
+	$(PYTEST) tests/unit
+	$(PYTEST) tests/integration
+	$(PYTEST) tests/e2e
+
+test-unit: venv
+	$(PYTEST) tests/unit
+
+test-integration: deps
+	$(PYTEST) tests/integration
+
+test-e2e: deps
+	$(PYTEST) tests/e2e
+
+lint: venv
+	$(VENV)/bin/ruff check operator serving_image tools/localcluster tests bench
+	$(VENV)/bin/ruff format --check operator serving_image tools/localcluster tests bench
+	MYPYPATH=operator:serving_image:tools $(VENV)/bin/mypy -p modeldeploy -p modelserver -p localcluster
+
+cluster-up: deps
+	$(PY) -m localcluster up
+
+cluster-down: venv
+	$(PY) -m localcluster down
+
+demo: deps
+	$(PY) -m localcluster demo
+
+bench-serving: venv
+	$(PY) -m bench.serving
+
+bench-operator: deps
+	$(PY) -m bench.operator
+
+clean: cluster-down
+	rm -rf .localcluster

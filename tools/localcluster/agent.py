@@ -1,0 +1,530 @@
+"""The process node agent: a minimal kubelet for pods of this repository's images.
+
+It watches pods bound to any node, takes those whose image maps to a local command
+(:mod:`localcluster.images`), and for each one:
+
+* gives it a pod IP from a loopback range and starts every container as a local process (own process
+  group) with the container's command, args and env, told to bind to the pod IP;
+* probes it (startup, readiness, liveness: httpGet, tcpSocket, exec) and writes pod status like a
+  kubelet: phase, podIP, container states, restart counts, ``ContainersReady`` and ``Ready``, where
+  ``Ready`` also requires every ``spec.readinessGates`` condition to be True;
+* restarts a crashed container (per restartPolicy, with back-off) and counts the restart;
+* on deletion runs the preStop hook, sends SIGTERM, waits the grace period, SIGKILLs what is left and
+  removes the pod object.
+
+Pods of other images are left to kwok's simulated stages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import ipaddress
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from . import images
+from .config import AGENT_POD_CIDR
+from .kubeapi import KubeAPI, KubeError
+from .podstatus import ContainerState, PodState, desired_status, status_differs
+from .probes import ProbeTracker, run_probe
+
+log = logging.getLogger("localcluster.agent")
+
+TICK_S = 0.2
+MAX_BACKOFF_S = 10.0
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class IPPool:
+    def __init__(self, cidr: str = AGENT_POD_CIDR) -> None:
+        self._hosts = ipaddress.ip_network(cidr).hosts()
+        self._free: list[str] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> str:
+        with self._lock:
+            return self._free.pop(0) if self._free else str(next(self._hosts))
+
+    def give_back(self, ip: str) -> None:
+        with self._lock:
+            self._free.append(ip)
+
+
+class ProcessRegistry:
+    """Pids of live pod processes on disk, so ``localcluster down`` can stop them even if we die."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def add(self, pid: int) -> None:
+        (self.dir / str(pid)).touch()
+
+    def remove(self, pid: int) -> None:
+        (self.dir / str(pid)).unlink(missing_ok=True)
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+class ContainerRunner:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.argv = images.command_for(spec)
+        self.state = ContainerState(name=spec["name"], image=spec["image"])
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.startup = ProbeTracker(spec.get("startupProbe"), result=False)
+        self.readiness = ProbeTracker(spec.get("readinessProbe"), result=False)
+        self.liveness = ProbeTracker(spec.get("livenessProbe"), result=True)
+        self.restart_at = 0.0
+        self.backoff = 1.0
+
+
+class PodRunner:
+    def __init__(self, agent: NodeAgent, pod: dict[str, Any]) -> None:
+        self.agent = agent
+        self.pod = pod
+        self.uid: str = pod["metadata"]["uid"]
+        self.ns: str = pod["metadata"]["namespace"]
+        self.name: str = pod["metadata"]["name"]
+        self.ip = agent.ips.take()
+        self.dir = agent.state_dir / "pods" / f"{self.ns}_{self.name}_{self.uid[:8]}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.containers = [ContainerRunner(c) for c in pod["spec"]["containers"]]
+        self.state = PodState(
+            pod_ip=self.ip, start_time=now_rfc3339(), containers=[c.state for c in self.containers]
+        )
+        self._lock = threading.Lock()
+        self._gone = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"pod-{self.ns}/{self.name}", daemon=True)
+        self._env_cache: dict[str, str] | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def update(self, pod: dict[str, Any]) -> None:
+        with self._lock:
+            self.pod = pod
+
+    def vanish(self) -> None:
+        """The pod object is gone (force-deleted): stop processes at once."""
+        self._gone.set()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/namespaces/{self.ns}/pods/{self.name}"
+
+    # ----- process management -------------------------------------------------------------------
+    def _env(self, container: dict[str, Any]) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "KUBERNETES_"))}
+        env.update({"HOSTNAME": self.name, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+        entry = images.entry_for(container["image"])
+        if entry and entry.host_env:
+            env[entry.host_env] = self.ip
+        sa_kubeconfig = self._service_account_kubeconfig()
+        if sa_kubeconfig:
+            env["KUBECONFIG"] = str(sa_kubeconfig)
+        for e in container.get("env") or []:
+            if "value" in e:
+                env[e["name"]] = str(e["value"])
+            elif "valueFrom" in e:
+                value = self._value_from(e["valueFrom"])
+                if value is not None:
+                    env[e["name"]] = value
+        return env
+
+    def _value_from(self, source: dict[str, Any]) -> str | None:
+        if "fieldRef" in source:
+            fields = {
+                "metadata.name": self.name,
+                "metadata.namespace": self.ns,
+                "metadata.uid": self.uid,
+                "spec.nodeName": self.pod["spec"].get("nodeName", ""),
+                "spec.serviceAccountName": self.pod["spec"].get("serviceAccountName", "default"),
+                "status.podIP": self.ip,
+                "status.hostIP": "127.0.0.1",
+            }
+            path = source["fieldRef"]["fieldPath"]
+            if path.startswith("metadata.labels['") or path.startswith("metadata.annotations['"):
+                kind, key = path.split("['", 1)
+                return str((self.pod["metadata"].get(kind.split(".")[1]) or {}).get(key.rstrip("']"), ""))
+            return fields.get(path)
+        for kind, ref_key in (("secretKeyRef", "secrets"), ("configMapKeyRef", "configmaps")):
+            if kind in source:
+                ref = source[kind]
+                obj = self.agent.api.get(
+                    f"/api/v1/namespaces/{self.ns}/{ref_key}/{ref['name']}", ok_missing=True
+                )
+                data = (obj or {}).get("data") or {}
+                if ref["key"] not in data:
+                    return None
+                if kind == "secretKeyRef":
+                    import base64
+
+                    return base64.b64decode(data[ref["key"]]).decode()
+                return str(data[ref["key"]])
+        return None
+
+    def _service_account_kubeconfig(self) -> Path | None:
+        """A kubeconfig with the pod's service-account token: the local stand-in for in-cluster config."""
+        spec = self.pod["spec"]
+        if spec.get("automountServiceAccountToken") is False:
+            return None
+        path = self.dir / "serviceaccount.kubeconfig"
+        if path.exists():
+            return path
+        sa = spec.get("serviceAccountName") or "default"
+        try:
+            resp = self.agent.api.create(
+                f"/api/v1/namespaces/{self.ns}/serviceaccounts/{sa}/token",
+                {
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenRequest",
+                    "spec": {
+                        "expirationSeconds": 86400,
+                        "boundObjectRef": {
+                            "apiVersion": "v1",
+                            "kind": "Pod",
+                            "name": self.name,
+                            "uid": self.uid,
+                        },
+                    },
+                },
+            )
+        except KubeError as exc:
+            log.warning("no service-account token for %s/%s: %s", self.ns, self.name, exc)
+            return None
+        token = (resp or {})["status"]["token"]
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "in-cluster",
+                    "cluster": {"server": self.agent.api.server, "certificate-authority": self.agent.ca_file},
+                }
+            ],
+            "users": [{"name": sa, "user": {"token": token}}],
+            "contexts": [
+                {"name": "in-cluster", "context": {"cluster": "in-cluster", "user": sa, "namespace": self.ns}}
+            ],
+            "current-context": "in-cluster",
+        }
+        path.write_text(yaml.safe_dump(cfg))
+        path.chmod(0o600)
+        return path
+
+    def _start(self, c: ContainerRunner) -> None:
+        if c.argv is None:  # a sidecar of an unmapped image: reported running, nothing to run
+            c.state.running = c.state.started = c.state.ready = True
+            c.state.started_at = now_rfc3339()
+            return
+        logf = open(self.dir / f"{c.spec['name']}.log", "ab")  # noqa: SIM115 - owned by the child
+        try:
+            c.proc = subprocess.Popen(
+                c.argv,
+                env=self._env(c.spec),
+                cwd=c.spec.get("workingDir") or self.dir,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        finally:
+            logf.close()
+        self.agent.procs.add(c.proc.pid)
+        now = time.monotonic()
+        c.state.running, c.state.pid, c.state.started_at = True, c.proc.pid, now_rfc3339()
+        c.state.waiting_reason = None
+        c.state.ready = False
+        c.state.started = c.startup.probe is None
+        c.startup.reset(now, initial=c.startup.probe is None)
+        c.readiness.reset(now, initial=c.readiness.probe is None)
+        c.liveness.reset(now, initial=True)
+        log.info(
+            "started %s/%s container %s pid %d on %s", self.ns, self.name, c.spec["name"], c.proc.pid, self.ip
+        )
+
+    def _reap(self, c: ContainerRunner, code: int) -> None:
+        assert c.proc is not None
+        self.agent.procs.remove(c.proc.pid)
+        c.proc = None
+        c.state.running = c.state.ready = c.state.started = False
+        c.state.last_exit_code = code
+        c.state.last_finished_at = now_rfc3339()
+        policy = self.pod["spec"].get("restartPolicy", "Always")
+        if policy == "Always" or (policy == "OnFailure" and code != 0):
+            c.restart_at = time.monotonic() + c.backoff
+            c.backoff = min(c.backoff * 2, MAX_BACKOFF_S)
+            c.state.waiting_reason = "CrashLoopBackOff"
+            log.warning("%s/%s container %s exited %d; restarting", self.ns, self.name, c.spec["name"], code)
+        else:
+            c.state.terminated_exit_code = code
+
+    def _stop_container(self, c: ContainerRunner, grace_s: float) -> None:
+        if c.proc is None:
+            return
+        _kill_group(c.proc.pid, signal.SIGTERM)
+        try:
+            c.proc.wait(timeout=max(grace_s, 0.1))
+        except subprocess.TimeoutExpired:
+            _kill_group(c.proc.pid, signal.SIGKILL)
+            c.proc.wait()
+        _kill_group(c.proc.pid, signal.SIGKILL)  # leftovers of the process group
+        self.agent.procs.remove(c.proc.pid)
+        c.proc = None
+        c.state.running = c.state.ready = False
+
+    def _pre_stop(self, c: ContainerRunner, budget_s: float) -> None:
+        hook = ((c.spec.get("lifecycle") or {}).get("preStop")) or {}
+        try:
+            if "exec" in hook:
+                subprocess.run(
+                    hook["exec"]["command"], env=self._env(c.spec), timeout=budget_s, capture_output=True
+                )
+            elif "httpGet" in hook:
+                h = hook["httpGet"]
+                httpx.get(f"http://{self.ip}:{h['port']}{h.get('path', '/')}", timeout=budget_s)
+            elif "sleep" in hook:
+                time.sleep(min(float(hook["sleep"]["seconds"]), budget_s))
+        except (OSError, httpx.HTTPError, subprocess.TimeoutExpired):
+            pass
+
+    # ----- the loop -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            for c in self.containers:
+                self._start(c)
+            while not self._gone.is_set():
+                with self._lock:
+                    pod = self.pod
+                if pod["metadata"].get("deletionTimestamp"):
+                    self._terminate(pod)
+                    return
+                self._tick()
+                self._report()
+                time.sleep(TICK_S)
+            self._kill_all()
+        except Exception:
+            log.exception("pod runner %s/%s failed", self.ns, self.name)
+            self._kill_all()
+        finally:
+            self.agent.forget(self)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for c in self.containers:
+            if c.proc is not None:
+                code = c.proc.poll()
+                if code is not None:
+                    self._reap(c, code)
+                    continue
+                env: dict[str, str] = {}
+                if not c.state.started and c.startup.due(now):
+                    ok = run_probe(c.startup.probe or {}, c.spec, self.ip, env)
+                    if c.startup.record(ok, now):
+                        c.state.started = True
+                    elif c.startup.failures >= int((c.startup.probe or {}).get("failureThreshold", 3)):
+                        log.warning("%s/%s startup probe failed; restarting", self.ns, self.name)
+                        self._restart(c)
+                        continue
+                if not c.state.started:
+                    continue
+                if c.liveness.due(now) and not c.liveness.record(
+                    run_probe(c.liveness.probe or {}, c.spec, self.ip, env), now
+                ):
+                    log.warning("%s/%s liveness probe failed; restarting", self.ns, self.name)
+                    self._restart(c)
+                    continue
+                if c.readiness.due(now):
+                    c.readiness.record(run_probe(c.readiness.probe or {}, c.spec, self.ip, env), now)
+                c.state.ready = c.readiness.result
+                if c.state.ready:
+                    c.backoff = 1.0
+            elif c.argv is not None and c.state.terminated_exit_code is None and now >= c.restart_at:
+                c.state.restart_count += 1
+                self._start(c)
+
+    def _restart(self, c: ContainerRunner) -> None:
+        grace = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
+        pid = c.proc.pid if c.proc else None
+        self._stop_container(c, grace)
+        c.state.last_exit_code = 137
+        c.state.last_finished_at = now_rfc3339()
+        c.restart_at = time.monotonic()
+        if pid:
+            log.info("killed pid %d for restart", pid)
+
+    def _report(self) -> None:
+        with self._lock:
+            pod = self.pod
+        want = desired_status(pod, self.state, now_rfc3339())
+        if not status_differs(pod, want):
+            return
+        try:
+            updated = self.agent.api.strategic_patch(self.path + "/status", {"status": want})
+        except KubeError as exc:
+            if exc.status == 404:
+                self._gone.set()
+                return
+            log.warning("status update of %s/%s failed: %s", self.ns, self.name, exc)
+            return
+        if updated:
+            with self._lock:
+                if int(updated["metadata"]["resourceVersion"]) >= int(
+                    self.pod["metadata"]["resourceVersion"]
+                ):
+                    self.pod = updated
+
+    def _terminate(self, pod: dict[str, Any]) -> None:
+        grace = float(pod["metadata"].get("deletionGracePeriodSeconds", 30))
+        deadline = time.monotonic() + grace
+        log.info("terminating %s/%s (grace %.0fs)", self.ns, self.name, grace)
+        for c in self.containers:
+            if c.proc is not None:
+                self._pre_stop(c, max(deadline - time.monotonic(), 0.1))
+        for c in self.containers:
+            self._stop_container(c, deadline - time.monotonic())
+        with contextlib.suppress(KubeError):
+            self.agent.api.delete(
+                self.path,
+                {
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "gracePeriodSeconds": 0,
+                    "preconditions": {"uid": self.uid},
+                },
+            )
+
+    def _kill_all(self) -> None:
+        for c in self.containers:
+            self._stop_container(c, 2.0)
+
+
+class NodeAgent:
+    def __init__(self, kubeconfig: Path, state_dir: Path) -> None:
+        self.api = KubeAPI(kubeconfig)
+        self.ca_file = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"][
+            "certificate-authority"
+        ]
+        self.state_dir = state_dir
+        self.ips = IPPool()
+        self.procs = ProcessRegistry(state_dir / "procs")
+        self.runners: dict[str, PodRunner] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    def forget(self, runner: PodRunner) -> None:
+        with self._lock:
+            if self.runners.get(runner.uid) is runner:
+                del self.runners[runner.uid]
+        self.ips.give_back(runner.ip)
+
+    def handle(self, event_type: str, pod: dict[str, Any]) -> None:
+        if not pod["spec"].get("nodeName") or not images.is_agent_pod(pod):
+            return
+        uid = pod["metadata"]["uid"]
+        with self._lock:
+            runner = self.runners.get(uid)
+            if event_type == "DELETED":
+                if runner:
+                    runner.vanish()
+                return
+            if runner is None:
+                if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                    return
+                if pod["metadata"].get("deletionTimestamp"):
+                    # Never started here (e.g. agent restart): just finish the deletion.
+                    with contextlib.suppress(KubeError):
+                        self.api.delete(
+                            f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}",
+                            {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}},
+                        )
+                    return
+                runner = PodRunner(self, pod)
+                self.runners[uid] = runner
+                runner.start()
+            else:
+                runner.update(pod)
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                listing = self.api.get("/api/v1/pods") or {}
+                for pod in listing.get("items", []):
+                    self.handle("ADDED", pod)
+                rv = listing["metadata"]["resourceVersion"]
+                while not self._stopping.is_set():
+                    for ev in self.api.watch("/api/v1/pods", rv, timeout_s=300):
+                        if ev["type"] == "ERROR":
+                            raise KubeError(
+                                "WATCH",
+                                "/api/v1/pods",
+                                ev["object"].get("code", 500),
+                                json.dumps(ev["object"]),
+                            )
+                        rv = ev["object"]["metadata"]["resourceVersion"]
+                        if ev["type"] != "BOOKMARK":
+                            self.handle(ev["type"], ev["object"])
+                        if self._stopping.is_set():
+                            break
+            except (KubeError, httpx.HTTPError, OSError) as exc:
+                if self._stopping.is_set():
+                    break
+                log.warning("watch restarted: %s", exc)
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            runners = list(self.runners.values())
+        for r in runners:
+            r.vanish()
+        for r in runners:
+            r.join(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="localcluster agent")
+    p.add_argument("--kubeconfig", type=Path, required=True)
+    p.add_argument("--state-dir", type=Path, required=True)
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
+    )
+    agent = NodeAgent(args.kubeconfig, args.state_dir)
+
+    def _stop(signum: int, _frame: Any) -> None:
+        log.info("signal %d: stopping pods", signum)
+        agent.stop()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    agent.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,378 @@
+"""Bring the local cluster up and down.
+
+``up`` starts etcd, kube-apiserver (RBAC, its own CA, service-account keys), kube-controller-manager,
+kube-scheduler, kwok (fake GPU and CPU nodes), the process node agent and Prometheus, all on
+127.0.0.1 with free ports, waits until the cluster is Ready, records everything it started in
+``cluster.json`` and returns, leaving the processes running. ``down`` stops exactly those processes
+(and any pod process the agent left) and removes the state directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import yaml
+
+from . import config
+from .kubeapi import KubeAPI
+from .pki import CertificateAuthority, KeyPair, service_account_keys
+from .state import REPO_ROOT, ClusterRecord, Layout, ProcessRecord
+
+
+class ClusterError(RuntimeError):
+    """A component failed to start or the cluster did not become Ready; the message holds its log tail."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A running local cluster, as seen by its users."""
+
+    state_dir: Path
+    kubeconfig: Path
+    prometheus_url: str
+    apiserver_url: str
+
+    def api(self) -> KubeAPI:
+        return KubeAPI(self.kubeconfig)
+
+
+def binaries_dir() -> Path:
+    """Where the pinned binaries are (built on first use): ``$LOCALCLUSTER_BIN_DIR`` or the build cache."""
+    if env := os.environ.get("LOCALCLUSTER_BIN_DIR"):
+        return Path(env)
+    out = subprocess.run(
+        [str(REPO_ROOT / "tools" / "build-binaries.sh")], check=True, stdout=subprocess.PIPE, text=True
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as dead.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class _Starter:
+    def __init__(self, layout: Layout, record: ClusterRecord) -> None:
+        self.layout = layout
+        self.record = record
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        logpath = self.layout.log(name)
+        with open(logpath, "ab") as logf:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.layout.root,
+                env={**os.environ, **(env or {})},
+            )
+        self.procs[name] = proc
+        self.record.processes.append(ProcessRecord(name, proc.pid, argv, str(logpath)))
+        self.record.save()
+
+    def wait_for(self, name: str, check: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is not None:
+                raise ClusterError(
+                    f"{name} exited with code {proc.returncode}; log {self.layout.log(name)}:\n"
+                    f"{_tail(self.layout.log(name))}"
+                )
+            with contextlib.suppress(Exception):
+                if check():
+                    return
+            time.sleep(0.2)
+        raise ClusterError(
+            f"{name} not ready after {timeout:.0f}s; log {self.layout.log(name)}:\n"
+            f"{_tail(self.layout.log(name))}"
+        )
+
+
+def running_cluster(state_dir: Path) -> Cluster | None:
+    """The cluster recorded in ``state_dir`` if all its processes are alive."""
+    rec = ClusterRecord.load(state_dir)
+    if rec is None or not rec.processes or not all(_alive(p.pid) for p in rec.processes):
+        return None
+    layout = Layout(state_dir)
+    return Cluster(state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url)
+
+
+def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True) -> Cluster:
+    existing = running_cluster(state_dir)
+    if existing is not None:
+        return existing
+    down(state_dir)  # clear a half-dead previous cluster
+    bin_dir = binaries_dir()
+    layout = Layout(state_dir)
+    for d in (layout.root, layout.pki, layout.logs, layout.kwok_dir, layout.prometheus_dir, layout.agent_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    rec = ClusterRecord(state_dir=str(state_dir))
+    names = ("etcd", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok", "prometheus")
+    rec.ports = {n: free_port() for n in names}
+    rec.save()
+    starter = _Starter(layout, rec)
+    try:
+        _bring_up(starter, layout, rec, bin_dir, timeout, audit)
+    except BaseException:
+        down(state_dir, keep_logs_on_error=True)
+        raise
+    return Cluster(state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url)
+
+
+def _bring_up(
+    starter: _Starter, layout: Layout, rec: ClusterRecord, bin_dir: Path, timeout: float, audit: bool
+) -> None:
+    ports = rec.ports
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        return max(deadline - time.monotonic(), 1.0)
+
+    ca = CertificateAuthority(layout.pki)
+    serving = ca.issue(
+        "apiserver",
+        "kube-apiserver",
+        server_ips=("127.0.0.1", "127.96.0.1"),
+        server_dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
+        client=False,
+    )
+    sa = service_account_keys(layout.pki)
+    server = f"https://127.0.0.1:{ports['apiserver']}"
+    rec.apiserver_url = server
+
+    def client_kubeconfig(name: str, cn: str, org: str | None) -> Path:
+        pair = ca.issue(name, cn, org=org)
+        path = layout.kubeconfig if name == "admin" else layout.component_kubeconfig(name)
+        path.write_text(yaml.safe_dump(config.kubeconfig(server, ca.pair.cert, pair, cn)))
+        path.chmod(0o600)
+        return path
+
+    admin = client_kubeconfig("admin", "localcluster-admin", "system:masters")
+    kcm = client_kubeconfig("controller-manager", "system:kube-controller-manager", None)
+    sched = client_kubeconfig("scheduler", "system:kube-scheduler", None)
+    prom_pair = ca.issue("prometheus", "localcluster-prometheus")
+
+    starter.start("etcd", config.etcd_args(bin_dir, layout.etcd_data, ports["etcd"], ports["etcd_peer"]))
+    starter.wait_for(
+        "etcd",
+        lambda: httpx.get(f"http://127.0.0.1:{ports['etcd']}/health", timeout=1).status_code == 200,
+        left(),
+    )
+
+    audit_log = audit_policy = None
+    if audit:
+        audit_policy = layout.root / "audit-policy.yaml"
+        audit_policy.write_text(yaml.safe_dump(config.AUDIT_POLICY))
+        audit_log = layout.logs / "audit.log"
+    starter.start(
+        "kube-apiserver",
+        config.apiserver_args(
+            bin_dir,
+            etcd_port=ports["etcd"],
+            secure_port=ports["apiserver"],
+            ca=ca.pair,
+            serving=serving,
+            sa=sa,
+            audit_log=audit_log,
+            audit_policy=audit_policy,
+        ),
+    )
+    admin_pair = KeyPair(layout.pki / "admin.crt", layout.pki / "admin.key")
+    with httpx.Client(verify=str(ca.pair.cert), cert=(str(admin_pair.cert), str(admin_pair.key))) as c:
+        starter.wait_for(
+            "kube-apiserver", lambda: c.get(f"{server}/readyz", timeout=2).status_code == 200, left()
+        )
+    api = KubeAPI(admin)
+
+    # Prometheus reads pods through RBAC like any other client.
+    api.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {
+            "metadata": {"name": "localcluster:prometheus"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods", "nodes", "services", "endpoints"],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+        },
+    )
+    api.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "metadata": {"name": "localcluster:prometheus"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "localcluster:prometheus",
+            },
+            "subjects": [
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "localcluster-prometheus"}
+            ],
+        },
+    )
+
+    starter.start(
+        "kube-controller-manager",
+        config.controller_manager_args(
+            bin_dir, kubeconfig_path=kcm, port=ports["controller_manager"], ca=ca.pair, sa=sa
+        ),
+    )
+    starter.start(
+        "kube-scheduler", config.scheduler_args(bin_dir, kubeconfig_path=sched, port=ports["scheduler"])
+    )
+
+    stage_file = layout.kwok_dir / "stages.yaml"
+    stage_file.write_text(yaml.safe_dump_all(config.kwok_stages(bin_dir / "kwok-stages")))
+    starter.start(
+        "kwok",
+        config.kwok_args(
+            bin_dir, kubeconfig_path=admin, config_files=[stage_file], server_port=ports["kwok"]
+        ),
+    )
+    starter.start(
+        "node-agent",
+        [
+            sys.executable,
+            "-m",
+            "localcluster",
+            "agent",
+            "--kubeconfig",
+            str(admin),
+            "--state-dir",
+            str(layout.agent_dir),
+        ],
+    )
+
+    prom_cfg = layout.prometheus_dir / "prometheus.yml"
+    prom_cfg.write_text(
+        yaml.safe_dump(config.prometheus_config(apiserver=server, ca=ca.pair.cert, client=prom_pair))
+    )
+    starter.start(
+        "prometheus",
+        config.prometheus_args(
+            config=prom_cfg, data_dir=layout.prometheus_dir / "data", port=ports["prometheus"]
+        ),
+    )
+    rec.prometheus_url = f"http://127.0.0.1:{ports['prometheus']}"
+    rec.save()
+
+    for node in config.default_nodes():
+        api.create("/api/v1/nodes", node)
+
+    def nodes_ready() -> bool:
+        items = (api.get("/api/v1/nodes") or {}).get("items", [])
+        ready = [
+            n
+            for n in items
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions", [])
+            )
+        ]
+        return len(ready) == len(config.default_nodes())
+
+    starter.wait_for("kwok", nodes_ready, left())
+    starter.wait_for(
+        "kube-controller-manager",
+        lambda: api.get("/api/v1/namespaces/default/serviceaccounts/default", ok_missing=True) is not None,
+        left(),
+    )
+    starter.wait_for(
+        "kube-scheduler",
+        lambda: (
+            httpx.get(f"https://127.0.0.1:{ports['scheduler']}/healthz", verify=False, timeout=1).status_code
+            == 200
+        ),
+        left(),
+    )
+    starter.wait_for(
+        "prometheus", lambda: httpx.get(f"{rec.prometheus_url}/-/ready", timeout=1).status_code == 200, left()
+    )
+    layout.prometheus_url_file.write_text(rec.prometheus_url + "\n")
+    api.close()
+
+
+def _stop_pid(pid: int, timeout: float) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+
+
+def down(state_dir: Path, *, keep_logs_on_error: bool = False) -> None:
+    """Stop everything ``up`` started (agent first, so it stops its pods), then remove the state."""
+    rec = ClusterRecord.load(state_dir)
+    if rec is not None:
+        order = {
+            "node-agent": 0,
+            "prometheus": 1,
+            "kwok": 2,
+            "kube-scheduler": 3,
+            "kube-controller-manager": 4,
+            "kube-apiserver": 5,
+            "etcd": 6,
+        }
+        for p in sorted(rec.processes, key=lambda p: order.get(p.name, -1)):
+            _stop_pid(p.pid, timeout=15 if p.name == "node-agent" else 10)
+    procs_dir = Layout(state_dir).agent_dir / "procs"
+    if procs_dir.is_dir():
+        for f in procs_dir.iterdir():
+            if f.name.isdigit():
+                _stop_pid(int(f.name), timeout=5)
+    if keep_logs_on_error:
+        logs = Layout(state_dir).logs
+        if logs.is_dir():
+            saved = state_dir.parent / f"{state_dir.name}-failed-logs"
+            shutil.rmtree(saved, ignore_errors=True)
+            shutil.copytree(logs, saved)
+    shutil.rmtree(state_dir, ignore_errors=True)

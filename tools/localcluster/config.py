@@ -1,0 +1,295 @@
+"""Pure builders for the local cluster's configuration: command lines, kubeconfigs, nodes, kwok stages
+and the Prometheus configuration. Nothing here starts a process or touches the network."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .pki import KeyPair
+
+# Pod IPs of simulated (kwok) pods and of process-run pods, and Service ClusterIPs, all stay on
+# loopback so nothing ever sends traffic off this machine.
+KWOK_POD_CIDR = "127.128.0.0/16"
+SERVICE_CIDR = "127.96.0.0/16"
+AGENT_POD_CIDR = "127.64.0.0/16"
+NODE_IP = "127.0.0.1"
+
+GPU_NODE = "gpu-node-0"
+CPU_NODE = "cpu-node-0"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+# Pods whose containers all use one of these image repositories are run by the process node agent,
+# never by kwok's simulated stages.
+AGENT_IMAGE_PATTERN = r"^(docker\.io/)?modeldeploy/"
+
+
+def kubeconfig(server: str, ca: Path, client: KeyPair, user: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "localcluster", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {"client-certificate": str(client.cert), "client-key": str(client.key)},
+            }
+        ],
+        "contexts": [{"name": "localcluster", "context": {"cluster": "localcluster", "user": user}}],
+        "current-context": "localcluster",
+    }
+
+
+def etcd_args(bin_dir: Path, data_dir: Path, client_port: int, peer_port: int) -> list[str]:
+    return [
+        str(bin_dir / "etcd"),
+        "--name=localcluster",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls=http://127.0.0.1:{client_port}",
+        f"--advertise-client-urls=http://127.0.0.1:{client_port}",
+        f"--listen-peer-urls=http://127.0.0.1:{peer_port}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}",
+        f"--initial-cluster=localcluster=http://127.0.0.1:{peer_port}",
+        "--unsafe-no-fsync=true",
+        "--quota-backend-bytes=4294967296",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_args(
+    bin_dir: Path,
+    *,
+    etcd_port: int,
+    secure_port: int,
+    ca: KeyPair,
+    serving: KeyPair,
+    sa: KeyPair,
+    audit_log: Path | None = None,
+    audit_policy: Path | None = None,
+) -> list[str]:
+    args = [
+        str(bin_dir / "kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={secure_port}",
+        f"--tls-cert-file={serving.cert}",
+        f"--tls-private-key-file={serving.key}",
+        f"--client-ca-file={ca.cert}",
+        f"--service-account-key-file={sa.cert}",
+        f"--service-account-signing-key-file={sa.key}",
+        f"--service-account-issuer=https://127.0.0.1:{secure_port}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=RBAC",
+        "--allow-privileged=true",
+        "--enable-priority-and-fairness=false",
+        "--profiling=false",
+        "--v=1",
+    ]
+    if audit_log and audit_policy:
+        args += [
+            f"--audit-log-path={audit_log}",
+            f"--audit-policy-file={audit_policy}",
+            "--audit-log-format=json",
+            "--audit-log-mode=batch",
+            "--audit-log-batch-max-wait=1s",
+        ]
+    return args
+
+
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [
+        # Writes only: tests count them to prove that idle reconciles write nothing.
+        {"level": "Metadata", "verbs": ["create", "update", "patch", "delete", "deletecollection"]},
+        {"level": "None"},
+    ],
+}
+
+
+def controller_manager_args(
+    bin_dir: Path, *, kubeconfig_path: Path, port: int, ca: KeyPair, sa: KeyPair
+) -> list[str]:
+    return [
+        str(bin_dir / "kube-controller-manager"),
+        f"--kubeconfig={kubeconfig_path}",
+        f"--authentication-kubeconfig={kubeconfig_path}",
+        f"--authorization-kubeconfig={kubeconfig_path}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        f"--service-account-private-key-file={sa.key}",
+        f"--root-ca-file={ca.cert}",
+        f"--cluster-signing-cert-file={ca.cert}",
+        f"--cluster-signing-key-file={ca.key}",
+        "--use-service-account-credentials=true",
+        "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
+        "--leader-elect=false",
+        "--concurrent-deployment-syncs=10",
+        "--concurrent-replicaset-syncs=10",
+        "--concurrent-gc-syncs=10",
+        "--kube-api-qps=200",
+        "--kube-api-burst=400",
+        "--v=1",
+    ]
+
+
+def scheduler_args(bin_dir: Path, *, kubeconfig_path: Path, port: int) -> list[str]:
+    return [
+        str(bin_dir / "kube-scheduler"),
+        f"--kubeconfig={kubeconfig_path}",
+        f"--authentication-kubeconfig={kubeconfig_path}",
+        f"--authorization-kubeconfig={kubeconfig_path}",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={port}",
+        "--leader-elect=false",
+        "--v=1",
+    ]
+
+
+def kwok_args(
+    bin_dir: Path, *, kubeconfig_path: Path, config_files: list[Path], server_port: int
+) -> list[str]:
+    args = [
+        str(bin_dir / "kwok"),
+        f"--kubeconfig={kubeconfig_path}",
+        "--manage-all-nodes=false",
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+        f"--cidr={KWOK_POD_CIDR}",
+        f"--node-ip={NODE_IP}",
+        f"--server-address=127.0.0.1:{server_port}",
+        "--node-lease-duration-seconds=40",
+    ]
+    args += [f"--config={p}" for p in config_files]
+    return args
+
+
+def prometheus_args(*, config: Path, data_dir: Path, port: int) -> list[str]:
+    return [
+        "prometheus",
+        f"--config.file={config}",
+        f"--storage.tsdb.path={data_dir}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--storage.tsdb.retention.time=2h",
+        "--web.enable-lifecycle",
+        "--log.level=warn",
+    ]
+
+
+def prometheus_config(
+    *, apiserver: str, ca: Path, client: KeyPair, scrape_interval: str = "1s"
+) -> dict[str, Any]:
+    """Scrape pods that carry the usual ``prometheus.io/*`` annotations, discovered from the apiserver.
+
+    Only pods with a loopback IP are kept: simulated pods never get scraped off-machine.
+    """
+    k8s_tls = {"ca_file": str(ca), "cert_file": str(client.cert), "key_file": str(client.key)}
+    return {
+        "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+        "scrape_configs": [
+            {
+                "job_name": "kubernetes-pods",
+                "scrape_timeout": scrape_interval,
+                "kubernetes_sd_configs": [{"role": "pod", "api_server": apiserver, "tls_config": k8s_tls}],
+                "relabel_configs": [
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
+                        "action": "keep",
+                        "regex": "true",
+                    },
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_ip"],
+                        "action": "keep",
+                        "regex": r"127\..*",
+                    },
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_phase"],
+                        "action": "keep",
+                        "regex": "Running",
+                    },
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_path"],
+                        "action": "replace",
+                        "target_label": "__metrics_path__",
+                        "regex": "(.+)",
+                    },
+                    {
+                        "source_labels": [
+                            "__meta_kubernetes_pod_ip",
+                            "__meta_kubernetes_pod_annotation_prometheus_io_port",
+                        ],
+                        "action": "replace",
+                        "regex": r"(.+);(\d+)",
+                        "replacement": "$1:$2",
+                        "target_label": "__address__",
+                    },
+                    {"action": "labelmap", "regex": "__meta_kubernetes_pod_label_(.+)"},
+                    {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+                ],
+            }
+        ],
+    }
+
+
+def node_manifest(name: str, *, gpus: int, cpu: str = "32", memory: str = "256Gi") -> dict[str, Any]:
+    """A kwok-managed fake node. GPU nodes carry NVIDIA's device-plugin label and resource."""
+    capacity: dict[str, str] = {"cpu": cpu, "memory": memory, "pods": "110"}
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "type": "kwok",
+    }
+    if gpus:
+        capacity[GPU_RESOURCE] = str(gpus)
+        labels["nvidia.com/gpu.present"] = "true"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {},
+        "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
+
+
+def default_nodes() -> list[dict[str, Any]]:
+    return [node_manifest(GPU_NODE, gpus=8), node_manifest(CPU_NODE, gpus=0)]
+
+
+def _not_agent_pod() -> dict[str, Any]:
+    return {
+        "key": f'[.spec.containers.[].image | test("{AGENT_IMAGE_PATTERN}")] | any',
+        "operator": "NotIn",
+        "values": ["true"],
+    }
+
+
+def kwok_stages(stage_root: Path) -> list[dict[str, Any]]:
+    """kwok's own node and pod stages, with pods of agent-run images excluded from the pod stages."""
+    files = sorted((stage_root / "node" / "fast").glob("*.yaml"))
+    files += sorted((stage_root / "node" / "heartbeat-with-lease").glob("*.yaml"))
+    files += sorted((stage_root / "pod" / "general").glob("*.yaml"))
+    stages: list[dict[str, Any]] = []
+    for f in files:
+        if f.name == "kustomization.yaml":
+            continue
+        for doc in yaml.safe_load_all(f.read_text()):
+            if not doc or doc.get("kind") != "Stage":
+                continue
+            doc = copy.deepcopy(doc)
+            if doc["spec"]["resourceRef"]["kind"] == "Pod":
+                sel = doc["spec"].setdefault("selector", {})
+                sel.setdefault("matchExpressions", []).append(_not_agent_pod())
+            stages.append(doc)
+    return stages

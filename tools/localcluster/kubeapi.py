@@ -1,0 +1,108 @@
+"""A thin synchronous Kubernetes REST client for the local cluster's own tools (agent, bring-up).
+
+It speaks to the apiserver with the client certificate of a kubeconfig written by ``localcluster``;
+the operator and the tests use real client libraries, this exists so the cluster tooling has no
+dependency on them and full control over patch types and watches.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+
+class KubeError(RuntimeError):
+    def __init__(self, method: str, path: str, status: int, body: str) -> None:
+        super().__init__(f"{method} {path} -> HTTP {status}: {body[:500]}")
+        self.status = status
+        self.body = body
+
+
+class KubeAPI:
+    def __init__(self, kubeconfig: Path, timeout: float = 30.0) -> None:
+        cfg = yaml.safe_load(Path(kubeconfig).read_text())
+        ctx_name = cfg["current-context"]
+        ctx = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
+        cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == ctx["cluster"])
+        user = next(u["user"] for u in cfg["users"] if u["name"] == ctx["user"])
+        self.server = cluster["server"]
+        headers = {}
+        cert: tuple[str, str] | None = None
+        if "token" in user:
+            headers["Authorization"] = f"Bearer {user['token']}"
+        else:
+            cert = (user["client-certificate"], user["client-key"])
+        self._client = httpx.Client(
+            base_url=self.server,
+            verify=cluster["certificate-authority"],
+            cert=cert,
+            headers=headers,
+            timeout=timeout,
+        )
+        self._stream_cert = cert
+        self._ca = cluster["certificate-authority"]
+        self._headers = headers
+
+    def close(self) -> None:
+        self._client.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        params: dict[str, str] | None = None,
+        ok_missing: bool = False,
+    ) -> dict[str, Any] | None:
+        content = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type} if body is not None else {}
+        r = self._client.request(method, path, content=content, headers=headers, params=params)
+        if r.status_code == 404 and ok_missing:
+            return None
+        if r.status_code >= 400:
+            raise KubeError(method, path, r.status_code, r.text)
+        return r.json() if r.content else {}
+
+    def get(self, path: str, **kw: Any) -> dict[str, Any] | None:
+        return self.request("GET", path, **kw)
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        return self.request("POST", path, body=body)
+
+    def strategic_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        return self.request("PATCH", path, body=body, content_type="application/strategic-merge-patch+json")
+
+    def delete(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        return self.request("DELETE", path, body=body, ok_missing=True)
+
+    def watch(self, path: str, resource_version: str, timeout_s: int = 60) -> Iterator[dict[str, Any]]:
+        """Yield watch events (``{"type", "object"}``) until the server closes the stream."""
+        params = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+        }
+        with (
+            httpx.Client(
+                base_url=self.server,
+                verify=self._ca,
+                cert=self._stream_cert,
+                headers=self._headers,
+                timeout=httpx.Timeout(timeout_s + 10, connect=10),
+            ) as c,
+            c.stream("GET", path, params=params) as r,
+        ):
+            if r.status_code >= 400:
+                r.read()
+                raise KubeError("WATCH", path, r.status_code, r.text)
+            for line in r.iter_lines():
+                if line:
+                    yield json.loads(line)

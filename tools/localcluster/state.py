@@ -1,0 +1,103 @@
+"""Where a local cluster keeps its files, and the record of what it started.
+
+A cluster lives in one state directory (default ``<repo>/.localcluster``): certificates, kubeconfigs,
+etcd data, component logs and ``cluster.json``, which records every process started (pid, process group,
+command) and every port chosen, so ``down`` can stop exactly what ``up`` started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_STATE_DIR = REPO_ROOT / ".localcluster"
+
+
+def state_dir_from_env() -> Path:
+    """The state directory: ``$LOCALCLUSTER_DIR`` or ``<repo>/.localcluster``."""
+    return Path(os.environ.get("LOCALCLUSTER_DIR", str(DEFAULT_STATE_DIR))).resolve()
+
+
+@dataclass
+class ProcessRecord:
+    name: str
+    pid: int
+    command: list[str]
+    log: str
+
+
+@dataclass
+class ClusterRecord:
+    """What ``up`` started; written to ``cluster.json`` as soon as each process starts."""
+
+    state_dir: str
+    ports: dict[str, int] = field(default_factory=dict)
+    processes: list[ProcessRecord] = field(default_factory=list)
+    prometheus_url: str = ""
+    apiserver_url: str = ""
+
+    @property
+    def path(self) -> Path:
+        return Path(self.state_dir) / "cluster.json"
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(self.path)
+
+    @classmethod
+    def load(cls, state_dir: Path) -> ClusterRecord | None:
+        path = state_dir / "cluster.json"
+        if not path.exists():
+            return None
+        raw = json.loads(path.read_text())
+        procs = [ProcessRecord(**p) for p in raw.pop("processes", [])]
+        return cls(processes=procs, **raw)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """File names inside a state directory."""
+
+    root: Path
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def prometheus_url_file(self) -> Path:
+        return self.root / "prometheus-url"
+
+    @property
+    def prometheus_dir(self) -> Path:
+        return self.root / "prometheus"
+
+    @property
+    def kwok_dir(self) -> Path:
+        return self.root / "kwok"
+
+    @property
+    def agent_dir(self) -> Path:
+        return self.root / "agent"
+
+    def component_kubeconfig(self, name: str) -> Path:
+        return self.root / f"{name}.kubeconfig"
+
+    def log(self, name: str) -> Path:
+        return self.logs / f"{name}.log"

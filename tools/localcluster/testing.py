@@ -1,0 +1,138 @@
+"""pytest fixtures for tests that need a Kubernetes cluster.
+
+* ``cluster`` (session): a fresh local cluster in a temporary state directory, torn down at the end.
+  With ``E2E_KUBECONFIG`` set, that cluster is used instead (e.g. kind) and nothing is started.
+* ``kube`` (session): a :class:`Kube` helper bound to the cluster (kubectl, REST, waiting).
+* ``namespace`` (function): a fresh namespace per test, deleted afterwards.
+
+Load with ``pytest_plugins = ["localcluster.testing"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from .cluster import Cluster, binaries_dir, down, up
+from .kubeapi import KubeAPI, KubeError
+
+T = TypeVar("T")
+
+
+class WaitTimeout(AssertionError):
+    pass
+
+
+def wait_for(predicate: Callable[[], T], *, timeout: float = 60, interval: float = 0.25, what: str = "") -> T:
+    """Poll ``predicate`` until it returns a truthy value; fail with ``what`` and the last error."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while True:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except (KubeError, OSError, KeyError, IndexError) as exc:
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(
+                f"timed out after {timeout:.0f}s waiting for {what or predicate!r}; last error: {last_exc}"
+            )
+        time.sleep(interval)
+
+
+class Kube:
+    """kubectl and REST access to a test cluster."""
+
+    def __init__(self, cluster: Cluster, kubectl: Path) -> None:
+        self.cluster = cluster
+        self.kubeconfig = cluster.kubeconfig
+        self.kubectl_bin = kubectl
+        self.api = KubeAPI(cluster.kubeconfig)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        res = subprocess.run(
+            [str(self.kubectl_bin), *args],
+            input=input,
+            text=True,
+            capture_output=True,
+            env=self.env,
+            timeout=120,
+        )
+        if check and res.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({res.returncode}): {res.stderr}")
+        return res
+
+    def apply(self, manifest: dict[str, Any] | str, namespace: str | None = None) -> None:
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        args = ["apply", "-f", "-"] + (["-n", namespace] if namespace else [])
+        self.kubectl(*args, input=text)
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        return self.api.get(path, ok_missing=True)
+
+    def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
+        params = {"labelSelector": selector} if selector else None
+        return (self.api.get(f"/api/v1/namespaces/{namespace}/pods", params=params) or {}).get("items", [])
+
+    def endpoint_ips(self, namespace: str, service: str, *, ready_only: bool = True) -> set[str]:
+        slices = (
+            self.api.get(
+                f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+                params={"labelSelector": f"kubernetes.io/service-name={service}"},
+            )
+            or {}
+        )
+        ips: set[str] = set()
+        for s in slices.get("items", []):
+            for ep in s.get("endpoints") or []:
+                if not ready_only or (ep.get("conditions") or {}).get("ready"):
+                    ips.update(ep["addresses"])
+        return ips
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    external = os.environ.get("E2E_KUBECONFIG")
+    if external:
+        yield Cluster(Path(external).parent, Path(external), os.environ.get("E2E_PROMETHEUS_URL", ""), "")
+        return
+    state = tmp_path_factory.mktemp("localcluster")
+    c = up(state)
+    try:
+        yield c
+    finally:
+        down(state)
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: Cluster) -> Kube:
+    kubectl = Path(os.environ["E2E_KUBECTL"]) if os.environ.get("E2E_KUBECTL") else binaries_dir() / "kubectl"
+    return Kube(cluster, kubectl)
+
+
+@pytest.fixture
+def namespace(kube: Kube) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kube.api.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    wait_for(
+        lambda: kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+        timeout=30,
+        what=f"default service account in {name}",
+    )
+    yield name
+    kube.api.delete(f"/api/v1/namespaces/{name}")
