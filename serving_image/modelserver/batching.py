@@ -1,0 +1,687 @@
+"""The batching core: single work items in, batches out. No HTTP in here.
+
+* :class:`BatchQueue` admits :class:`WorkItem` s (one per text / tensor row), rejects what it cannot serve
+  (queue full, deadline unmeetable, draining) and forms batches when the inference worker asks for one.
+* :class:`CostModel` learns batch latency as a function of batch size ``n`` and padded length ``L`` online:
+  ``t(n, L) = c0 + c1*n + c2*n*L + c3*n*L^2`` (non-negative least squares, relative error).
+* :class:`BucketPolicy` holds length buckets: fixed, or derived from observed length quantiles
+  (P50/P80/P95 plus the maximum).
+* :func:`run_with_split` runs a batch and, when it fails (out of memory or otherwise), splits it in halves and
+  retries, so one bad item fails alone and the others succeed.
+* :class:`BatchWorker` connects a queue to a model running on a dedicated inference thread.
+
+Batch formation (``scheduler="adaptive"``), each time the worker is free:
+
+1. Items whose deadline passed fail with :class:`DeadlineExpired`.
+2. The *seed* is the most urgent item: the smallest virtual arrival time ``arrival + (priority-1)*aging``
+   (priority aging: a waiting low-priority item eventually precedes every newcomer, so nothing starves),
+   unless an item is about to miss its deadline, then the earliest deadline among those goes first.
+3. Compatible items are sorted by length; every window of neighbours that contains the seed, has at most
+   ``max_batch_size`` items and ``n * L <= token_budget`` is scored by estimated throughput
+   ``n / t(n, L)``. Windows inside the seed's bucket are preferred; a window crossing bucket boundaries wins
+   only when the cost model says it is clearly faster (e.g. the seed's bucket is nearly empty).
+4. The batch is dispatched when it is full, when its oldest item waited ``max_queue_delay``, when the seed's
+   deadline is close, or when draining; otherwise the worker waits for more arrivals.
+
+``scheduler="fifo"`` is plain dynamic batching (oldest first, up to ``max_batch_size``), kept for comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import itertools
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+log = logging.getLogger("modelserver.batching")
+
+Clock = Callable[[], float]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# errors
+
+
+class BatchingError(Exception):
+    """A request the queue refuses or cannot finish. ``status`` is the HTTP status the server maps it to."""
+
+    status = 503
+    reason = "error"
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QueueFull(BatchingError):
+    status = 503
+    reason = "queue_full"
+
+
+class DeadlineUnmeetable(BatchingError):
+    status = 429
+    reason = "deadline"
+
+
+class DeadlineExpired(BatchingError):
+    status = 504
+    reason = "timeout"
+
+
+class Draining(BatchingError):
+    status = 503
+    reason = "draining"
+
+
+class InputTooLong(BatchingError):
+    status = 413
+    reason = "too_long"
+
+
+class ItemFailed(BatchingError):
+    """The model failed on this item even when it ran alone."""
+
+    status = 500
+    reason = "model_error"
+
+
+class OutOfMemory(ItemFailed):
+    status = 503
+    reason = "oom"
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    name = type(exc).__name__
+    if name in ("OutOfMemoryError", "OutOfMemory"):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# items and batches
+
+_seq = itertools.count()
+
+
+@dataclass(eq=False, slots=True)
+class WorkItem:
+    """One unit of batching: a text or a tensor row, with its own future."""
+
+    payload: Any
+    length: int
+    deadline: float
+    arrival: float
+    priority: int = 1
+    key: Hashable = None  # items with different keys never share a batch (e.g. tensor shapes)
+    request_id: str = ""
+    future: asyncio.Future[Any] | None = None
+    seq: int = field(default_factory=lambda: next(_seq))
+    vkey: float = 0.0  # virtual arrival time, set by the queue (priority aging)
+    est_cost: float = 0.0  # this item's share of the backlog estimate, set by the queue
+    queued: bool = False
+
+
+@dataclass(slots=True)
+class Batch:
+    items: list[WorkItem]
+    padded_length: int
+    formed_at: float
+
+    @property
+    def size(self) -> int:
+        return len(self.items)
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(i.length for i in self.items)
+
+    @property
+    def padded_tokens(self) -> int:
+        return self.padded_length * len(self.items)
+
+    @property
+    def padding_ratio(self) -> float:
+        real = self.real_tokens
+        return self.padded_tokens / real if real else 1.0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# cost model
+
+
+class CostModel:
+    """Online estimate of batch latency ``t(n, L)`` in seconds.
+
+    Features ``[1, n, n*L, n*L^2]``; coefficients are fitted by non-negative least squares on relative error
+    over the most recent observations (a ring buffer), refitted every few observations.
+    """
+
+    FEATURES = 4
+
+    def __init__(self, window: int = 512, refit_every: int = 8) -> None:
+        self._obs: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._refit_every = refit_every
+        self._since_fit = 0
+        # A weak prior, only used until the first fit: 0.5 ms + 2 us per padded token.
+        self.coef = np.array([5e-4, 0.0, 2e-6, 0.0])
+        self.fitted = False
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _x(n: float, length: float) -> list[float]:
+        return [1.0, n, n * length, n * length * length]
+
+    def predict(self, n: int, length: int) -> float:
+        c = self.coef
+        return float(c[0] + n * (c[1] + length * (c[2] + length * c[3])))
+
+    def observe(self, n: int, length: int, seconds: float) -> None:
+        if seconds <= 0 or n <= 0:
+            return
+        with self._lock:
+            self._obs.append((n, max(1, length), seconds))
+            self._since_fit += 1
+            if self._since_fit >= (1 if len(self._obs) < 32 else self._refit_every):
+                self._fit()
+
+    def _fit(self) -> None:
+        self._since_fit = 0
+        obs = np.array(self._obs, dtype=np.float64)
+        if len(obs) < 2:
+            return
+        n, length, y = obs[:, 0], obs[:, 1], obs[:, 2]
+        x = np.stack([np.ones_like(n), n, n * length, n * length * length], axis=1)
+        w = 1.0 / y  # relative error
+        xw, yw = x * w[:, None], y * w
+        active = list(range(self.FEATURES))
+        coef = np.zeros(self.FEATURES)
+        while active:
+            sol, *_ = np.linalg.lstsq(xw[:, active], yw, rcond=None)
+            if (sol >= 0).all():
+                coef[:] = 0
+                coef[active] = sol
+                break
+            active.pop(int(np.argmin(sol)))
+        if coef.any():
+            self.coef = coef
+            self.fitted = True
+
+    def per_item(self, length: int, batch: int) -> float:
+        """Estimated seconds of worker time per item when batched ``batch``-wide at ``length``."""
+        batch = max(1, batch)
+        return self.predict(batch, length) / batch
+
+
+# ----------------------------------------------------------------------------------------------------------
+# buckets
+
+
+class BucketPolicy:
+    """Length buckets. ``bounds`` are inclusive upper bounds, the last one is ``max_length``.
+
+    Fixed bounds are used as given. Otherwise ("auto") they start as powers of two and are re-derived from
+    the observed lengths' P50/P80/P95 (rounded up to multiples of 8) every ``update_every`` observations.
+    """
+
+    QUANTILES = (0.50, 0.80, 0.95)
+
+    def __init__(
+        self,
+        max_length: int,
+        fixed: Sequence[int] | None = None,
+        window: int = 4096,
+        update_every: int = 256,
+        min_samples: int = 64,
+    ) -> None:
+        self.max_length = max(1, max_length)
+        self.auto = fixed is None
+        self._lengths: deque[int] = deque(maxlen=window)
+        self._update_every = update_every
+        self._min_samples = min_samples
+        self._since = 0
+        if fixed is not None:
+            bounds = sorted({min(int(b), self.max_length) for b in fixed if b > 0})
+        else:
+            bounds, b = [], 16
+            while b < self.max_length:
+                bounds.append(b)
+                b *= 2
+        if not bounds or bounds[-1] != self.max_length:
+            bounds.append(self.max_length)
+        self.bounds: list[int] = bounds
+
+    def index(self, length: int) -> int:
+        return min(bisect.bisect_left(self.bounds, length), len(self.bounds) - 1)
+
+    def range_of(self, length: int) -> tuple[int, int]:
+        """Inclusive (low, high) lengths of the bucket holding ``length``."""
+        i = self.index(length)
+        return (self.bounds[i - 1] + 1 if i else 0), self.bounds[i]
+
+    def observe(self, length: int) -> None:
+        if not self.auto:
+            return
+        self._lengths.append(length)
+        self._since += 1
+        if self._since >= self._update_every and len(self._lengths) >= self._min_samples:
+            self._since = 0
+            self.bounds = self.derive(list(self._lengths), self.max_length)
+
+    @classmethod
+    def derive(cls, lengths: Sequence[int], max_length: int) -> list[int]:
+        qs = np.quantile(np.asarray(lengths, dtype=np.float64), cls.QUANTILES)
+        bounds = sorted({min(max_length, max(8, int(math.ceil(q / 8.0)) * 8)) for q in qs})
+        if bounds[-1] != max_length:
+            bounds.append(max_length)
+        return bounds
+
+
+# ----------------------------------------------------------------------------------------------------------
+# queue
+
+
+@dataclass
+class BatchingConfig:
+    max_batch_size: int = 32
+    max_queue_delay_s: float = 0.005
+    max_queue_size: int = 1024
+    token_budget: int = 8192
+    max_length: int = 512
+    buckets: Sequence[int] | None = None
+    scheduler: str = "adaptive"  # adaptive | fifo
+    aging_s: float = 0.1
+    cross_bucket_gain: float = 0.10  # a cross-bucket window must be this much faster to win
+    urgent_factor: float = 2.0  # an item is at risk when slack < factor * recent batch time
+
+
+class BatchObserver(Protocol):
+    def on_reject(self, reason: str) -> None: ...
+
+    def on_depth(self, depth: int) -> None: ...
+
+
+class _NullObserver:
+    def on_reject(self, reason: str) -> None:
+        pass
+
+    def on_depth(self, depth: int) -> None:
+        pass
+
+
+class BatchQueue:
+    """Admission control and batch formation. Use from one event loop."""
+
+    def __init__(
+        self,
+        config: BatchingConfig,
+        clock: Clock = time.monotonic,
+        cost_model: CostModel | None = None,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self.cfg = config
+        self.clock = clock
+        self.cost = cost_model or CostModel()
+        self.buckets = BucketPolicy(config.max_length, config.buckets)
+        self.observer: BatchObserver = observer or _NullObserver()
+        self._items: list[WorkItem] = []
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self._backlog_s = 0.0
+        self.budget = config.token_budget  # lowered after an out-of-memory batch
+        self.recent_batch_s = 0.0  # EMA of batch latency
+        self.in_flight_s = 0.0  # estimated remaining time of the batch being run
+
+    # -- state -----------------------------------------------------------------------------------------
+    @property
+    def depth(self) -> int:
+        return len(self._items)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def backlog_seconds(self) -> float:
+        return max(0.0, self._backlog_s) + self.in_flight_s
+
+    def retry_after(self) -> float:
+        return max(1.0, math.ceil(self.backlog_seconds()))
+
+    def close(self) -> None:
+        """Stop admitting; queued items are still batched (without waiting for the delay)."""
+        self._closed = True
+        self._wakeup.set()
+
+    def poke(self) -> None:
+        """Re-evaluate now (tests with a manual clock advance the clock, then poke)."""
+        self._wakeup.set()
+
+    # -- admission --------------------------------------------------------------------------------------
+    def _item_cost(self, length: int) -> float:
+        n = max(1, min(self.cfg.max_batch_size, self.budget // max(1, length)))
+        return self.cost.per_item(length, n)
+
+    def submit(self, items: Sequence[WorkItem]) -> None:
+        """Admit all of ``items`` or none (raises a :class:`BatchingError`)."""
+        if self._closed:
+            self.observer.on_reject(Draining.reason)
+            raise Draining("server is shutting down", retry_after=1.0)
+        if len(self._items) + len(items) > self.cfg.max_queue_size:
+            self.observer.on_reject(QueueFull.reason)
+            raise QueueFull(
+                f"queue full ({self.cfg.max_queue_size} items)", retry_after=self.retry_after()
+            )
+        now = self.clock()
+        costs = [self._item_cost(it.length) for it in items]
+        # Lower bound on completion: everything queued ahead runs at its best batching, then ours.
+        finish = now + self.backlog_seconds() + sum(costs)
+        earliest = min(it.deadline for it in items)
+        if finish > earliest:
+            self.observer.on_reject(DeadlineUnmeetable.reason)
+            raise DeadlineUnmeetable(
+                f"deadline cannot be met: about {finish - now:.3f}s of work is ahead, "
+                f"timeout is {earliest - now:.3f}s",
+                retry_after=self.retry_after(),
+            )
+        aging = self.cfg.aging_s
+        for it, c in zip(items, costs, strict=True):
+            it.arrival = now if it.arrival <= 0 else it.arrival
+            it.vkey = it.arrival + (it.priority - 1) * aging
+            it.est_cost = c
+            it.queued = True
+            self._backlog_s += c
+            self.buckets.observe(it.length)
+            self._items.append(it)
+        self.observer.on_depth(len(self._items))
+        self._wakeup.set()
+
+    # -- formation --------------------------------------------------------------------------------------
+    def _remove(self, batch_items: list[WorkItem]) -> None:
+        ids = {id(i) for i in batch_items}
+        self._items = [i for i in self._items if id(i) not in ids]
+        for i in batch_items:
+            i.queued = False
+            self._backlog_s -= i.est_cost
+        if not self._items:
+            self._backlog_s = 0.0
+        self.observer.on_depth(len(self._items))
+
+    def expire(self, items: Sequence[WorkItem]) -> None:
+        """Deadline timer: fail the given items that are still queued (504); running ones finish."""
+        now = self.clock()
+        gone = [it for it in items if it.queued]
+        if not gone:
+            return
+        self._remove(gone)
+        for it in gone:
+            self.observer.on_reject(DeadlineExpired.reason)
+            if it.future is not None and not it.future.done():
+                it.future.set_exception(
+                    DeadlineExpired(f"deadline expired after {(now - it.arrival) * 1000:.0f} ms in the queue")
+                )
+
+    def _sweep(self, now: float) -> None:
+        """Fail expired items, drop cancelled ones."""
+        dead = []
+        for it in self._items:
+            if it.future is not None and it.future.done():
+                dead.append(it)
+            elif it.deadline <= now:
+                dead.append(it)
+                self.observer.on_reject(DeadlineExpired.reason)
+                if it.future is not None:
+                    waited = now - it.arrival
+                    it.future.set_exception(
+                        DeadlineExpired(f"deadline expired after {waited * 1000:.0f} ms in the queue")
+                    )
+        if dead:
+            self._remove(dead)
+
+    def _seed(self, now: float) -> WorkItem:
+        items = self._items
+        horizon = self.cfg.urgent_factor * max(self.recent_batch_s, self.cfg.max_queue_delay_s)
+        at_risk = [i for i in items if i.deadline - now < horizon]
+        if at_risk:
+            return min(at_risk, key=lambda i: (i.deadline, i.seq))
+        return min(items, key=lambda i: (i.vkey, i.seq))
+
+    def _window(
+        self, cands: list[WorkItem], i: int, lo: int, hi: int, now: float, deadline: float
+    ) -> tuple[float, int, int, bool]:
+        """Best window [a, b] in cands[lo:hi] containing i -> (score, a, b, full)."""
+        best = (-1.0, i, i, False)
+        bmax, budget = self.cfg.max_batch_size, self.budget
+        for b in range(i, hi):
+            length = max(1, cands[b].length)
+            n_max = max(1, min(bmax, budget // length))
+            if b - i + 1 > n_max:
+                break
+            a = max(lo, b - n_max + 1)
+            n = b - a + 1
+            t = self.cost.predict(n, length)
+            if b > i and now + t > deadline:
+                break
+            score = n / max(t, 1e-9)
+            if score > best[0]:
+                best = (score, a, b, n >= n_max)
+        return best
+
+    def _form(self, now: float) -> tuple[list[WorkItem], int, bool]:
+        seed = self._seed(now)
+        cands = [it for it in self._items if it.key == seed.key]
+        if self.cfg.scheduler == "fifo":
+            cands.sort(key=lambda it: (it.vkey, it.seq))
+            chosen = cands[: self.cfg.max_batch_size]
+            return chosen, max(it.length for it in chosen), len(chosen) >= self.cfg.max_batch_size
+        cands.sort(key=lambda it: (it.length, it.vkey, it.seq))
+        i = cands.index(seed)
+        lo_len, hi_len = self.buckets.range_of(seed.length)
+        lengths = [c.length for c in cands]
+        lo = bisect.bisect_left(lengths, lo_len)
+        hi = bisect.bisect_right(lengths, hi_len)
+        best = self._window(cands, i, lo, hi, now, seed.deadline)
+        if not best[3] and (lo > 0 or hi < len(cands)):
+            alt = self._window(cands, i, 0, len(cands), now, seed.deadline)
+            if alt[0] > best[0] * (1.0 + self.cfg.cross_bucket_gain):
+                best = alt
+        _, a, b, full = best
+        chosen = cands[a : b + 1]
+        return chosen, chosen[-1].length, full
+
+    def try_form(self) -> Batch | float | None:
+        """A batch if one should run now; else the clock time to re-check (float) or None (queue empty)."""
+        now = self.clock()
+        self._sweep(now)
+        if not self._items:
+            return None
+        chosen, padded, full = self._form(now)
+        oldest = min(it.arrival for it in chosen)
+        due = oldest + self.cfg.max_queue_delay_s
+        seed_deadline = min(it.deadline for it in chosen)
+        urgent_at = seed_deadline - self.cfg.urgent_factor * max(self.recent_batch_s, 1e-3)
+        if full or self._closed or now >= due or now >= urgent_at:
+            self._remove(chosen)
+            return Batch(items=chosen, padded_length=max(1, padded), formed_at=now)
+        return min(due, urgent_at)
+
+    async def next_batch(self) -> Batch | None:
+        """Wait for the next batch; None once the queue is closed and empty."""
+        while True:
+            self._wakeup.clear()
+            got = self.try_form()
+            if isinstance(got, Batch):
+                return got
+            if got is None:
+                if self._closed:
+                    return None
+                await self._wakeup.wait()
+                continue
+            timeout = max(0.0, got - self.clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+
+    def record(self, batch: Batch, seconds: float) -> None:
+        """Feed a finished batch's latency to the cost model."""
+        self.cost.observe(batch.size, batch.padded_length, seconds)
+        a = 0.2
+        self.recent_batch_s = seconds if self.recent_batch_s == 0 else (1 - a) * self.recent_batch_s + a * seconds
+
+    def lower_budget_after_oom(self, batch: Batch) -> None:
+        new = max(batch.padded_length, batch.padded_tokens // 2)
+        if new < self.budget:
+            log.warning(
+                "out of memory at %d padded tokens: token budget lowered %d -> %d",
+                batch.padded_tokens,
+                self.budget,
+                new,
+            )
+            self.budget = new
+
+    def fail_all(self, exc_factory: Callable[[], BaseException]) -> None:
+        for it in self._items:
+            if it.future is not None and not it.future.done():
+                it.future.set_exception(exc_factory())
+        self._remove(list(self._items))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# running a batch with split-and-retry
+
+
+@dataclass
+class SplitStats:
+    splits: int = 0
+    ooms: int = 0
+    oom_batches: list[tuple[int, int]] = field(default_factory=list)  # (n, padded tokens) that ran OOM
+
+
+def run_with_split(
+    fn: Callable[[list[Any]], Sequence[Any]],
+    payloads: list[Any],
+    stats: SplitStats | None = None,
+    on_oom: Callable[[], None] | None = None,
+    token_len: Callable[[Any], int] | None = None,
+) -> list[Any]:
+    """Run ``fn`` on ``payloads``; on failure split in halves and retry each half.
+
+    Returns one entry per payload: the result, or an :class:`ItemFailed` / :class:`OutOfMemory` instance
+    for a payload that failed even alone.
+    """
+    stats = stats if stats is not None else SplitStats()
+    try:
+        out = fn(payloads)
+        if len(out) != len(payloads):
+            raise RuntimeError(f"model returned {len(out)} results for {len(payloads)} inputs")
+        return list(out)
+    except Exception as exc:
+        oom = is_oom(exc)
+        if oom:
+            stats.ooms += 1
+            longest = max((token_len(p) for p in payloads), default=1) if token_len else 1
+            stats.oom_batches.append((len(payloads), longest * len(payloads)))
+            if on_oom is not None:
+                on_oom()
+        if len(payloads) == 1:
+            if oom:
+                return [OutOfMemory("out of memory while running this input alone")]
+            log.warning("model failed on a single input: %s: %s", type(exc).__name__, exc)
+            return [ItemFailed(f"model error: {type(exc).__name__}: {exc}")]
+        stats.splits += 1
+        mid = len(payloads) // 2
+        return run_with_split(fn, payloads[:mid], stats, on_oom, token_len) + run_with_split(
+            fn, payloads[mid:], stats, on_oom, token_len
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# worker
+
+
+class BatchSink(Protocol):
+    """What the worker reports about every batch (metrics, logs)."""
+
+    def on_batch(self, batch: Batch, seconds: float, stats: SplitStats) -> None: ...
+
+
+class BatchWorker:
+    """Pulls batches from a queue and runs them on one dedicated inference thread."""
+
+    def __init__(
+        self,
+        queue: BatchQueue,
+        predict: Callable[[list[Any]], Sequence[Any]],
+        sink: BatchSink | None = None,
+        thread_name: str = "inference",
+    ) -> None:
+        self.queue = queue
+        self.predict = predict
+        self.sink = sink
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+        self._task: asyncio.Task[None] | None = None
+        self.batches = 0
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="batch-worker")
+
+    async def join(self) -> None:
+        """Wait until the queue is closed and every admitted item has finished."""
+        if self._task is not None:
+            await self._task
+        self.executor.shutdown(wait=True)
+
+    def _run_sync(self, batch: Batch) -> tuple[list[Any], float, SplitStats]:
+        stats = SplitStats()
+        t0 = time.perf_counter()
+        out = run_with_split(self.predict, [i.payload for i in batch.items], stats)
+        return out, time.perf_counter() - t0, stats
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        q = self.queue
+        while True:
+            batch = await q.next_batch()
+            if batch is None:
+                return
+            live = [i for i in batch.items if i.future is None or not i.future.done()]
+            if not live:
+                continue
+            if len(live) != len(batch.items):
+                batch = Batch(live, max(i.length for i in live), batch.formed_at)
+            q.in_flight_s = q.cost.predict(batch.size, batch.padded_length)
+            try:
+                results, seconds, stats = await loop.run_in_executor(self.executor, self._run_sync, batch)
+            except Exception as exc:  # the split runner does not raise; this is a bug guard
+                log.exception("batch runner failed")
+                results, seconds, stats = [ItemFailed(f"internal error: {exc}")] * batch.size, 0.0, SplitStats()
+            finally:
+                q.in_flight_s = 0.0
+            self.batches += 1
+            if stats.ooms:
+                q.lower_budget_after_oom(batch)
+            elif stats.splits == 0:
+                q.record(batch, seconds)
+            for item, res in zip(batch.items, results, strict=True):
+                fut = item.future
+                if fut is None or fut.done():
+                    continue
+                if isinstance(res, BaseException):
+                    fut.set_exception(res)
+                else:
+                    fut.set_result(res)
+            if self.sink is not None:
+                try:
+                    self.sink.on_batch(batch, seconds, stats)
+                except Exception:
+                    log.exception("batch sink failed")

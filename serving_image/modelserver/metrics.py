@@ -1,0 +1,109 @@
+"""Prometheus metrics: the contract in DESIGN.md section 2, plus process metrics. Labels: model, version."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client import (
+    gc_collector as _gc,
+)
+from prometheus_client import (
+    platform_collector as _platform,
+)
+from prometheus_client import (
+    process_collector as _process,
+)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+PADDING_BUCKETS = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+REJECT_REASONS = ("queue_full", "deadline", "timeout", "too_long", "draining", "not_ready")
+
+
+class Metrics:
+    def __init__(self, model: str, version: str, registry: CollectorRegistry | None = None) -> None:
+        disable_created_metrics()
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        _process.ProcessCollector(registry=r)
+        _platform.PlatformCollector(registry=r)
+        _gc.GCCollector(registry=r)
+        labels = ("model", "version")
+        lv = (model, version)
+        self._lv = lv
+        self.requests = Counter(
+            "modelserver_requests", "Inference requests by HTTP status code", [*labels, "code"], registry=r
+        )
+        self.request_duration = Histogram(
+            "modelserver_request_duration_seconds",
+            "Inference request latency, from receipt to response",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        ).labels(*lv)
+        self.queue_wait = Histogram(
+            "modelserver_queue_wait_seconds",
+            "Time an item waited in the batching queue",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        ).labels(*lv)
+        self.batch_size = Histogram(
+            "modelserver_batch_size", "Items per executed batch", labels, buckets=BATCH_BUCKETS, registry=r
+        ).labels(*lv)
+        self.inference_duration = Histogram(
+            "modelserver_inference_duration_seconds",
+            "Model execution time per batch",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        ).labels(*lv)
+        self.queue_depth = Gauge(
+            "modelserver_queue_depth", "Items waiting in the batching queue", labels, registry=r
+        ).labels(*lv)
+        self.rejected = Counter(
+            "modelserver_rejected", "Requests rejected or expired, by reason", [*labels, "reason"], registry=r
+        )
+        self.padding_ratio = Histogram(
+            "modelserver_padding_ratio",
+            "Padded tokens / real tokens per batch",
+            labels,
+            buckets=PADDING_BUCKETS,
+            registry=r,
+        ).labels(*lv)
+        self._codes: dict[int, Counter] = {}
+        self._reasons: dict[str, Counter] = {}
+        for reason in REJECT_REASONS:
+            self.reject_child(reason)
+
+    def reject_child(self, reason: str) -> Counter:
+        c = self._reasons.get(reason)
+        if c is None:
+            c = self._reasons[reason] = self.rejected.labels(*self._lv, reason)
+        return c
+
+    def observe_request(self, code: int, seconds: float) -> None:
+        c = self._codes.get(code)
+        if c is None:
+            c = self._codes[code] = self.requests.labels(*self._lv, str(code))
+        c.inc()
+        self.request_duration.observe(seconds)
+
+    # batching observer ----------------------------------------------------------------------------------
+    def on_reject(self, reason: str) -> None:
+        self.reject_child(reason).inc()
+
+    def on_depth(self, depth: int) -> None:
+        self.queue_depth.set(depth)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

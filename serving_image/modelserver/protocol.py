@@ -1,0 +1,269 @@
+"""Open Inference Protocol v2 (KServe / Triton) request decoding and response encoding.
+
+Supports JSON tensors and Triton's binary tensor data extension: a request whose header
+``Inference-Header-Content-Length`` is N carries N bytes of JSON followed by the raw bytes of every input that
+has ``parameters.binary_data_size``; outputs requested with ``parameters.binary_data`` (or the request
+parameter ``binary_data_output``) are returned the same way. BYTES tensors in binary form are a sequence of
+4-byte little-endian lengths each followed by that many bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from .errors import InvalidInput
+from .models.base import DTYPES, TensorSpec, datatype_of
+
+MAX_PRIORITY = 1 << 16
+
+
+@dataclass
+class InferRequest:
+    inputs: dict[str, np.ndarray]
+    id: str | None = None
+    priority: int = 0  # 0 = the server's default
+    timeout_ms: float | None = None
+    outputs: list[str] | None = None  # requested output names (None = all)
+    binary_outputs: set[str] = field(default_factory=set)
+    binary_all: bool = False
+
+
+def _flatten(data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        raise InvalidInput("'data' must be a list")
+    if not any(isinstance(x, list) for x in data):
+        return data
+    out: list[Any] = []
+    stack: list[Any] = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                stack.append(iter(x))
+                break
+            out.append(x)
+        else:
+            stack.pop()
+    return out
+
+
+def _decode_bytes_binary(raw: bytes, count: int, name: str) -> np.ndarray:
+    out = np.empty(count, dtype=object)
+    off, n = 0, len(raw)
+    for i in range(count):
+        if off + 4 > n:
+            raise InvalidInput(f"input '{name}': binary BYTES data is truncated")
+        (ln,) = struct.unpack_from("<I", raw, off)
+        off += 4
+        if off + ln > n:
+            raise InvalidInput(f"input '{name}': binary BYTES data is truncated")
+        b = raw[off : off + ln]
+        off += ln
+        try:
+            out[i] = b.decode("utf-8")
+        except UnicodeDecodeError:
+            out[i] = b
+    if off != n:
+        raise InvalidInput(f"input '{name}': binary BYTES data has {n - off} extra bytes")
+    return out
+
+
+def _number(value: Any, name: str, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput(f"parameter '{what}' must be a number")
+    if not math.isfinite(value):
+        raise InvalidInput(f"parameter '{what}' must be finite")
+    return float(value)
+
+
+def decode_request(body: bytes, header_length: str | None, specs: dict[str, TensorSpec]) -> InferRequest:
+    """Parse and validate an infer request against the model's input specs."""
+    binary = b""
+    if header_length is not None:
+        try:
+            hl = int(header_length)
+        except ValueError:
+            raise InvalidInput("Inference-Header-Content-Length must be an integer") from None
+        if hl < 0 or hl > len(body):
+            raise InvalidInput("Inference-Header-Content-Length is larger than the body")
+        body, binary = body[:hl], body[hl:]
+    if not body:
+        raise InvalidInput("empty request body")
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise InvalidInput(f"malformed JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("the request body must be a JSON object")
+    req = InferRequest(inputs={})
+    rid = doc.get("id")
+    if rid is not None:
+        if not isinstance(rid, str):
+            raise InvalidInput("'id' must be a string")
+        req.id = rid
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidInput("'parameters' must be an object")
+    if "priority" in params:
+        p = params["priority"]
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= MAX_PRIORITY:
+            raise InvalidInput("parameter 'priority' must be a non-negative integer")
+        req.priority = p
+    if "timeout_ms" in params:
+        req.timeout_ms = _number(params["timeout_ms"], "", "timeout_ms")
+    elif "timeout" in params:  # Triton: microseconds
+        req.timeout_ms = _number(params["timeout"], "", "timeout") / 1000.0
+    if req.timeout_ms is not None and req.timeout_ms <= 0:
+        raise InvalidInput("the timeout must be > 0")
+    bdo = params.get("binary_data_output", False)
+    if not isinstance(bdo, bool):
+        raise InvalidInput("parameter 'binary_data_output' must be a boolean")
+    req.binary_all = bdo
+
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidInput("'inputs' must be a non-empty list")
+    offset = 0
+    for inp in inputs:
+        if not isinstance(inp, dict):
+            raise InvalidInput("each input must be an object")
+        name = inp.get("name")
+        if not isinstance(name, str):
+            raise InvalidInput("each input needs a string 'name'")
+        if name in req.inputs:
+            raise InvalidInput(f"input '{name}' given twice")
+        spec = specs.get(name)
+        if spec is None:
+            raise InvalidInput(f"unknown input '{name}'; the model takes {sorted(specs)}")
+        dt = inp.get("datatype")
+        if dt not in DTYPES:
+            raise InvalidInput(f"input '{name}': unknown datatype {dt!r}")
+        if dt != spec.datatype:
+            raise InvalidInput(f"input '{name}' must have datatype {spec.datatype}, got {dt}")
+        shape = inp.get("shape")
+        if (
+            not isinstance(shape, list)
+            or not shape
+            or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape)
+        ):
+            raise InvalidInput(f"input '{name}': 'shape' must be a non-empty list of non-negative integers")
+        count = math.prod(shape)
+        if count > 1 << 26:
+            raise InvalidInput(f"input '{name}' is too large ({count} elements)")
+        iparams = inp.get("parameters") or {}
+        if not isinstance(iparams, dict):
+            raise InvalidInput(f"input '{name}': 'parameters' must be an object")
+        bsize = iparams.get("binary_data_size")
+        if bsize is not None:
+            if isinstance(bsize, bool) or not isinstance(bsize, int) or bsize < 0:
+                raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
+            if offset + bsize > len(binary):
+                raise InvalidInput(f"input '{name}': binary data is shorter than binary_data_size")
+            raw = binary[offset : offset + bsize]
+            offset += bsize
+            if dt == "BYTES":
+                arr = _decode_bytes_binary(raw, count, name)
+            else:
+                dtype = np.dtype(DTYPES[dt]).newbyteorder("<")
+                if bsize != count * dtype.itemsize:
+                    raise InvalidInput(
+                        f"input '{name}': {bsize} bytes do not match shape {shape} of {dt}"
+                    )
+                arr = np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
+        else:
+            if "data" not in inp:
+                raise InvalidInput(f"input '{name}' has no 'data'")
+            flat = _flatten(inp["data"])
+            if len(flat) != count:
+                raise InvalidInput(f"input '{name}': {len(flat)} values do not match shape {shape}")
+            if dt == "BYTES":
+                if not all(isinstance(v, str) for v in flat):
+                    raise InvalidInput(f"input '{name}': BYTES data must be strings")
+                arr = np.empty(count, dtype=object)
+                arr[:] = flat
+            else:
+                kinds: tuple[type, ...] = (int,) if dt.startswith(("INT", "UINT")) else (int, float)
+                if dt == "BOOL":
+                    kinds = (bool,)
+                if not all(isinstance(v, kinds) and (dt == "BOOL" or not isinstance(v, bool)) for v in flat):
+                    raise InvalidInput(f"input '{name}': {dt} data must be {'integers' if kinds == (int,) else 'numbers'}")
+                try:
+                    arr = np.asarray(flat, dtype=DTYPES[dt])
+                except (ValueError, TypeError, OverflowError) as e:
+                    raise InvalidInput(f"input '{name}': cannot convert data to {dt}: {e}") from None
+        req.inputs[name] = arr.reshape(shape)
+    if offset != len(binary):
+        raise InvalidInput("the request has binary data not claimed by any input")
+
+    outs = doc.get("outputs")
+    if outs is not None:
+        if not isinstance(outs, list):
+            raise InvalidInput("'outputs' must be a list")
+        req.outputs = []
+        for o in outs:
+            if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+                raise InvalidInput("each requested output needs a string 'name'")
+            req.outputs.append(o["name"])
+            op = o.get("parameters") or {}
+            if not isinstance(op, dict):
+                raise InvalidInput("output 'parameters' must be an object")
+            bd = op.get("binary_data", False)
+            if not isinstance(bd, bool):
+                raise InvalidInput("output parameter 'binary_data' must be a boolean")
+            if bd:
+                req.binary_outputs.add(o["name"])
+    return req
+
+
+def _bytes_element(v: Any) -> bytes:
+    if isinstance(v, bytes):
+        return v
+    return str(v).encode("utf-8")
+
+
+def _json_data(arr: np.ndarray) -> Any:
+    if arr.dtype == np.object_:
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in arr.reshape(-1).tolist()]
+    return arr.reshape(-1)
+
+
+def encode_response(
+    model_name: str,
+    model_version: str,
+    req: InferRequest,
+    outputs: dict[str, np.ndarray],
+) -> tuple[bytes, int | None]:
+    """Response body, and the JSON header length when binary data is appended (else None)."""
+    names = req.outputs if req.outputs is not None else list(outputs)
+    out_docs = []
+    blobs: list[bytes] = []
+    for name in names:
+        arr = outputs[name]
+        doc: dict[str, Any] = {"name": name, "datatype": datatype_of(arr), "shape": list(arr.shape)}
+        if req.binary_all or name in req.binary_outputs:
+            if arr.dtype == np.object_:
+                parts = []
+                for v in arr.reshape(-1).tolist():
+                    b = _bytes_element(v)
+                    parts.append(struct.pack("<I", len(b)))
+                    parts.append(b)
+                blob = b"".join(parts)
+            else:
+                blob = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+            doc["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            doc["data"] = _json_data(arr)
+        out_docs.append(doc)
+    resp: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": out_docs}
+    if req.id is not None:
+        resp["id"] = req.id
+    header = orjson.dumps(resp, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return header, None
+    return header + b"".join(blobs), len(header)
