@@ -1,0 +1,5 @@
+"""``python -m modeldeploy``: run the operator."""
+
+from .operator import main
+
+raise SystemExit(main())

@@ -1,0 +1,590 @@
+"""The ModelDeployment API: pydantic v2 models of spec and status.
+
+These models are the single source of truth of the API. ``modeldeploy.crdgen`` turns them into the
+CRD's OpenAPI v3 structural schema (``crds/modeldeployment.yaml``); the operator parses live objects
+with them. Every rule the apiserver enforces through a CEL ``x-kubernetes-validations`` rule is also
+enforced here by a validator, so a spec that the apiserver accepts parses, and the unit tests can check
+both sides against the same list of bad manifests.
+
+Field names are camelCase on the wire (aliases) and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "modeldeploy.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ModelDeployment"
+PLURAL = "modeldeployments"
+SINGULAR = "modeldeployment"
+SHORT_NAMES = ["md"]
+CATEGORIES = ["modeldeploy"]
+
+DEFAULT_IMAGE = "modeldeploy/modelserver:dev"
+#: a ModelDeployment's name becomes part of ``<name>-<revision>`` Service names (DNS-1035, 63 chars)
+MAX_NAME_LENGTH = 52
+
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+QUANTITY_PATTERN = rf"^{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_NUMBER}))?$"
+NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$"
+_DNS_PREFIX = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+LABEL_KEY_PATTERN = rf"^{_DNS_PREFIX}[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+CONDITION_TYPE_PATTERN = rf"^{_DNS_PREFIX}(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+URI_PATTERN = r"^(file|s3|gs|https?|pvc|noop)://.+$"
+
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: str) -> float:
+    """Seconds in a Go-style duration of ``ms``/``s``/``m``/``h`` parts (``"1m30s"`` -> 90.0)."""
+    if not re.fullmatch(DURATION_PATTERN, value):
+        raise ValueError(f"not a duration (e.g. 30s, 1m, 1h30m): {value!r}")
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(value))
+
+
+def _cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
+    out = {"rule": rule, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    if reason:
+        out["reason"] = reason
+    return out
+
+
+def _validations(*rules: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(rules)}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_default=True,
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The wire form (camelCase), without unset optional fields."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
+Quantity = Annotated[
+    int | str,
+    Field(
+        json_schema_extra={
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+
+
+def _check_quantity(value: int | str) -> int | str:
+    if isinstance(value, bool):
+        raise ValueError("a quantity is a number or a string such as 500m or 2Gi")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("a quantity must not be negative")
+        return value
+    if not re.fullmatch(QUANTITY_PATTERN, value):
+        raise ValueError(f"not a quantity (e.g. 500m, 2, 4Gi): {value!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- spec
+
+
+class ModelSpec(_Model):
+    """The model to serve and where the server loads it from."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=NAME_PATTERN,
+        description="Model name; served under /v2/models/{name}.",
+    )
+    version: str = Field(
+        default="1",
+        min_length=1,
+        max_length=63,
+        pattern=NAME_PATTERN,
+        description="Model version; a new version is a new revision.",
+    )
+    uri: str = Field(
+        min_length=1,
+        max_length=2048,
+        pattern=URI_PATTERN,
+        description="Where the server loads the model from (file://, http(s)://, s3://, gs://, pvc://).",
+    )
+    format: Literal["auto", "hf", "torchscript", "export", "custom", "noop"] = Field(
+        default="auto",
+        description="Model format: a Hugging Face directory (hf), TorchScript, a torch.export program, "
+        "a custom Python handler class, or auto-detected.",
+    )
+    task: Literal["auto", "embedding", "classification"] = Field(
+        default="auto", description="Task of a Hugging Face model."
+    )
+    handler: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Custom handler 'path/to/file.py:ClassName' or 'package.module:ClassName' "
+        "(format custom).",
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=r"^[a-f0-9]{64}$",
+        min_length=64,
+        max_length=64,
+        description="Expected sha256 of the model file or directory digest; the server refuses a mismatch.",
+    )
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            _cel(
+                "self.format != 'custom' || has(self.handler)",
+                "spec.model.handler is required when spec.model.format is custom",
+                ".handler",
+                "FieldValueRequired",
+            )
+        )
+    )
+
+    @model_validator(mode="after")
+    def _custom_needs_handler(self) -> ModelSpec:
+        if self.format == "custom" and not self.handler:
+            raise ValueError("spec.model.handler is required when spec.model.format is custom")
+        return self
+
+
+class ResourcesSpec(_Model):
+    """Compute resources of each serving pod."""
+
+    gpu: int = Field(
+        default=0, ge=0, le=16, strict=True, description="nvidia.com/gpu per pod (an integer; 0 = CPU only)."
+    )
+    cpu: Quantity = Field(default="1", description="CPU request per pod (e.g. 500m, 2).")
+    memory: Quantity = Field(default="2Gi", description="Memory request and limit per pod (e.g. 2Gi).")
+
+    _q = field_validator("cpu", "memory")(_check_quantity)
+
+
+class Toleration(_Model):
+    """A pod toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(default=None, max_length=317, pattern=LABEL_KEY_PATTERN)
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = Field(default=None, max_length=63, pattern=LABEL_VALUE_PATTERN)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0)
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            _cel(
+                "self.operator != 'Exists' || !has(self.value) || self.value == ''",
+                "a toleration with operator Exists must not have a value",
+                ".value",
+            ),
+            _cel(
+                "has(self.key) || self.operator == 'Exists'",
+                "a toleration without a key must use operator Exists",
+                ".operator",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("a toleration with operator Exists must not have a value")
+        if self.key is None and self.operator != "Exists":
+            raise ValueError("a toleration without a key must use operator Exists")
+        return self
+
+
+class BatchingSpec(_Model):
+    """Dynamic batching settings of the inference server."""
+
+    max_batch_size: int = Field(default=16, ge=1, le=1024, description="Maximum items per batch.")
+    max_queue_delay_ms: int = Field(
+        default=5,
+        ge=0,
+        le=10_000,
+        description="Longest time the oldest queued item waits for a batch to fill.",
+    )
+    max_queue_size: int = Field(
+        default=1024, ge=1, le=1_000_000, description="Queued items beyond which requests get 503."
+    )
+    max_sequence_length: int = Field(
+        default=256, ge=1, le=32_768, description="Maximum tokens per text input."
+    )
+    buckets: list[Annotated[int, Field(ge=1, le=32_768)]] = Field(
+        default_factory=lambda: [32, 64, 128, 256],
+        max_length=32,
+        description="Length bucket upper bounds (strictly increasing, at most maxSequenceLength); "
+        "empty = derived by the server.",
+        json_schema_extra={
+            "default": [32, 64, 128, 256],
+            "x-kubernetes-list-type": "set",
+            **_validations(_cel("self.isSorted()", "spec.batching.buckets must be strictly increasing")),
+        },
+    )
+    default_timeout_ms: int = Field(
+        default=10_000, ge=1, le=600_000, description="Per-request deadline when the caller sets none."
+    )
+    max_timeout_ms: int = Field(
+        default=60_000, ge=1, le=600_000, description="Cap for a caller-supplied timeout."
+    )
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            _cel(
+                "self.maxTimeoutMs >= self.defaultTimeoutMs",
+                "spec.batching.maxTimeoutMs must be >= spec.batching.defaultTimeoutMs",
+                ".maxTimeoutMs",
+            ),
+            _cel(
+                "!has(self.buckets) || self.buckets.all(b, b <= self.maxSequenceLength)",
+                "every bucket must be <= spec.batching.maxSequenceLength",
+                ".buckets",
+            ),
+        )
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> BatchingSpec:
+        if self.max_timeout_ms < self.default_timeout_ms:
+            raise ValueError("spec.batching.maxTimeoutMs must be >= spec.batching.defaultTimeoutMs")
+        if any(b >= a for b, a in zip(self.buckets, self.buckets[1:], strict=False)):
+            raise ValueError("spec.batching.buckets must be strictly increasing")
+        if any(b > self.max_sequence_length for b in self.buckets):
+            raise ValueError("every bucket must be <= spec.batching.maxSequenceLength")
+        return self
+
+
+class ParentRef(_Model):
+    """A Gateway API parentRef (the Gateway the HTTPRoute attaches to)."""
+
+    name: str = Field(min_length=1, max_length=253)
+    namespace: str | None = Field(default=None, max_length=63)
+    section_name: str | None = Field(default=None, max_length=253)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    group: str = Field(default="gateway.networking.k8s.io", max_length=253)
+    kind: str = Field(default="Gateway", max_length=63)
+
+
+class GatewayAPISpec(_Model):
+    """Routing through a Gateway API HTTPRoute with weighted per-revision backends."""
+
+    parent_refs: list[ParentRef] = Field(min_length=1, max_length=16)
+    hostnames: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=16)
+
+
+class TrafficRoutingSpec(_Model):
+    """How traffic is split between revisions."""
+
+    mode: Literal["replicas", "gatewayAPI"] = Field(
+        default="replicas",
+        description="replicas: the model Service spreads over in-traffic pods (works anywhere); "
+        "gatewayAPI: exact weights through an HTTPRoute.",
+    )
+    gateway_api: GatewayAPISpec | None = Field(default=None, alias="gatewayAPI")
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            _cel(
+                "self.mode != 'gatewayAPI' || has(self.gatewayAPI)",
+                "spec.rollout.trafficRouting.gatewayAPI is required when mode is gatewayAPI",
+                ".gatewayAPI",
+                "FieldValueRequired",
+            )
+        )
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> TrafficRoutingSpec:
+        if self.mode == "gatewayAPI" and self.gateway_api is None:
+            raise ValueError("spec.rollout.trafficRouting.gatewayAPI is required when mode is gatewayAPI")
+        return self
+
+
+class MetricCheck(_Model):
+    """A custom analysis metric: a PromQL template and a max or min threshold.
+
+    The query may use {{namespace}}, {{name}}, {{revision}} and {{interval}}.
+    """
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    query: str = Field(min_length=1, max_length=4096)
+    max: float | None = Field(default=None, description="Fail when the value is above.")
+    min: float | None = Field(default=None, description="Fail when the value is below.")
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            _cel("has(self.max) != has(self.min)", "exactly one of max or min must be set")
+        )
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> MetricCheck:
+        if (self.max is None) == (self.min is None):
+            raise ValueError("exactly one of max or min must be set")
+        return self
+
+
+class AnalysisSpec(_Model):
+    """How each canary step is judged from Prometheus."""
+
+    max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Maximum share of 5xx responses.")
+    max_p99_latency_ms: int = Field(default=1000, ge=1, le=600_000, description="Maximum p99 latency.")
+    max_latency_ratio_to_stable: float | None = Field(
+        default=None, ge=1, le=100, description="Maximum canary p99 / stable p99."
+    )
+    min_requests: int = Field(
+        default=20, ge=0, le=1_000_000, description="Fewer requests in a window count as no data."
+    )
+    failure_limit: int = Field(
+        default=1, ge=1, le=100, description="Consecutive failed checks before rollback."
+    )
+    on_no_data: Literal["hold", "fail", "pass"] = Field(
+        default="hold", description="What a window without enough data means."
+    )
+    no_data_timeout: Duration = Field(default="5m", description="How long 'hold' waits before failing.")
+    prometheus_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://.+$",
+        alias="prometheusURL",
+        description="Prometheus to query (default: the operator's --prometheus-url).",
+    )
+    metrics: list[MetricCheck] = Field(default_factory=list, max_length=16)
+
+
+class KeepPreviousSpec(_Model):
+    """Warm standby of the previous stable revision after a promotion."""
+
+    replicas: int = Field(default=1, ge=0, le=100, description="Pods of the previous revision kept warm.")
+    ttl: Duration = Field(default="30m", description="How long the previous revision is kept warm.")
+
+
+class RolloutSpec(_Model):
+    """Progressive delivery of a new revision."""
+
+    steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [5, 25, 50, 100],
+        min_length=1,
+        max_length=20,
+        description="Canary traffic percentages; strictly increasing, each 1..100, the last 100.",
+        json_schema_extra={
+            "default": [5, 25, 50, 100],
+            "x-kubernetes-list-type": "set",
+            **_validations(
+                _cel("self.isSorted()", "spec.rollout.steps must be strictly increasing"),
+                _cel("self[size(self) - 1] == 100", "the last of spec.rollout.steps must be 100"),
+            ),
+        },
+    )
+    interval: Duration = Field(
+        default="1m",
+        description="How long each step is held before it is judged.",
+        json_schema_extra=_validations(
+            _cel("duration(self) >= duration('1s')", "spec.rollout.interval must be at least 1s")
+        ),
+    )
+    traffic_routing: TrafficRoutingSpec = Field(
+        default_factory=TrafficRoutingSpec, json_schema_extra={"default": {}}
+    )
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, json_schema_extra={"default": {}})
+    bake_time: Duration = Field(default="5m", description="Analysis keeps running this long after promotion.")
+    keep_previous: KeepPreviousSpec = Field(
+        default_factory=KeepPreviousSpec, json_schema_extra={"default": {}}
+    )
+    progress_deadline: Duration = Field(
+        default="10m", description="A canary whose pods are not ready within this is aborted."
+    )
+    abort_scale_down_delay: Duration = Field(
+        default="0s", description="How long a failed revision's pods are kept for debugging."
+    )
+    paused: bool = Field(default=False, description="Hold the current step.")
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, steps: list[int]) -> list[int]:
+        if any(b <= a for a, b in itertools.pairwise(steps)):
+            raise ValueError("spec.rollout.steps must be strictly increasing")
+        if steps and steps[-1] != 100:
+            raise ValueError("the last of spec.rollout.steps must be 100")
+        return steps
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value: str) -> str:
+        if parse_duration(value) < 1:
+            raise ValueError("spec.rollout.interval must be at least 1s")
+        return value
+
+
+class ModelDeploymentSpec(_Model):
+    """Desired state of a ModelDeployment."""
+
+    model: ModelSpec
+    image: str = Field(
+        default=DEFAULT_IMAGE,
+        min_length=1,
+        max_length=512,
+        pattern=r"^[^\s]+$",
+        description="The serving image (runs `python -m modelserver`).",
+    )
+    replicas: int = Field(default=1, ge=0, le=1000, description="Serving pods of the stable revision.")
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}})
+    node_selector: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=32, description="Node labels the serving pods must match."
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
+    batching: BatchingSpec = Field(default_factory=BatchingSpec, json_schema_extra={"default": {}})
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}})
+
+
+# ---------------------------------------------------------------------------------------------- status
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+Phase = Literal["Pending", "Progressing", "Paused", "Healthy", "Degraded", "Failed"]
+Role = Literal["stable", "canary", "previous", "old"]
+
+
+class Condition(_Model):
+    """A metav1.Condition."""
+
+    type: str = Field(
+        max_length=316,
+        pattern=CONDITION_TYPE_PATTERN,
+    )
+    status: ConditionStatus
+    observed_generation: int | None = Field(default=None, ge=0)
+    last_transition_time: datetime
+    reason: str = Field(max_length=1024, min_length=1, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field(max_length=32768)
+
+
+class RevisionStatus(_Model):
+    """Observed state of one revision (one Deployment)."""
+
+    revision: str = Field(max_length=63)
+    role: Role
+    deployment: str = Field(max_length=253)
+    replicas: int = Field(default=0, ge=0, description="Desired pods.")
+    current_replicas: int = Field(default=0, ge=0, description="Pods that exist.")
+    ready_replicas: int = Field(default=0, ge=0, description="Pods whose server is ready (warm).")
+    in_traffic_replicas: int = Field(default=0, ge=0, description="Ready pods that receive traffic.")
+    unschedulable_replicas: int = Field(default=0, ge=0)
+    scheduling_message: str | None = Field(default=None, max_length=4096)
+    model_version: str | None = Field(default=None, max_length=63)
+
+
+class Measurement(_Model):
+    """One analysis measurement: the query, what it returned, the threshold and the verdict."""
+
+    metric: str = Field(max_length=63)
+    query: str = Field(max_length=8192)
+    value: float | None = None
+    threshold: float | None = None
+    verdict: Literal["Pass", "Fail", "NoData", "Error"]
+    revision: str | None = Field(default=None, max_length=63)
+    time: datetime
+
+
+class AnalysisStatus(_Model):
+    """Rollout analysis state (kept in status so a restarted operator resumes it)."""
+
+    consecutive_failures: int = Field(default=0, ge=0)
+    no_data_since: datetime | None = None
+    last_run: datetime | None = None
+    measurements: list[Measurement] = Field(default_factory=list, max_length=32)
+
+
+class HistoryEntry(_Model):
+    """A decision about a revision."""
+
+    revision: str = Field(max_length=63)
+    outcome: Literal["Deployed", "Promoted", "RolledBack", "Aborted", "Superseded", "FailedBack", "Expired"]
+    time: datetime
+    reason: str = Field(default="", max_length=4096)
+    measurement: Measurement | None = None
+
+
+class ModelDeploymentStatus(_Model):
+    """Observed state of a ModelDeployment; all rollout state lives here."""
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    phase: Phase | None = None
+    revision: str | None = Field(default=None, max_length=63, description="The revision of the current spec.")
+    stable_revision: str | None = Field(default=None, max_length=63)
+    canary_revision: str | None = Field(default=None, max_length=63)
+    previous_revision: str | None = Field(default=None, max_length=63)
+    previous_expires_at: datetime | None = None
+    canary_weight: int | None = Field(default=None, ge=0, le=100, description="Requested canary weight.")
+    achieved_canary_weight: int | None = Field(default=None, ge=0, le=100)
+    step: int | None = Field(default=None, ge=0, le=20, description="Index into spec.rollout.steps.")
+    step_started_at: datetime | None = None
+    replicas: int | None = Field(default=None, ge=0, description="Pods of all revisions.")
+    ready_replicas: int | None = Field(default=None, ge=0, description="In-traffic ready pods.")
+    ready: str | None = Field(default=None, max_length=32, description="ready/desired, for printing.")
+    revisions: list[RevisionStatus] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["revision"]},
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=8,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    analysis: AnalysisStatus | None = None
+    history: list[HistoryEntry] = Field(default_factory=list, max_length=20)
+
+
+class ModelDeployment(BaseModel):
+    """A ModelDeployment as the operator reads it (metadata kept as a plain dict)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: str = Field(default=API_VERSION, alias="apiVersion")
+    kind: str = KIND
+    metadata: dict[str, Any]
+    spec: ModelDeploymentSpec
+    status: ModelDeploymentStatus = Field(default_factory=ModelDeploymentStatus)
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", "default"))
+
+    @property
+    def generation(self) -> int:
+        return int(self.metadata.get("generation", 0))
+
+    @property
+    def uid(self) -> str:
+        return str(self.metadata.get("uid", ""))
+
+    @classmethod
+    def from_api(cls, obj: dict[str, Any]) -> ModelDeployment:
+        return cls.model_validate(
+            {**obj, "status": obj.get("status") or {}},
+        )

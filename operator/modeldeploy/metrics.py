@@ -1,0 +1,32 @@
+"""Operator metrics (prefix ``modeldeploy_``), served on ``--metrics-port`` at /metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+RECONCILES = Counter(
+    "modeldeploy_reconciles_total", "Reconciles of a ModelDeployment, by result.", ["result"]
+)
+RECONCILE_ERRORS = Counter(
+    "modeldeploy_reconcile_errors_total", "Reconciles that failed, by error class.", ["error"]
+)
+RECONCILE_DURATION = Histogram(
+    "modeldeploy_reconcile_duration_seconds",
+    "Wall time of one reconcile (observe, plan, write).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+WRITES = Counter(
+    "modeldeploy_writes_total", "Write requests sent to the apiserver, by kind and verb.", ["kind", "verb"]
+)
+EVENTS = Counter(
+    "modeldeploy_events_total", "Kubernetes events posted, by type and reason.", ["type", "reason"]
+)
+QUEUE_DEPTH = Gauge("modeldeploy_queue_depth", "ModelDeployments waiting for a reconcile.")
+MANAGED = Gauge("modeldeploy_managed_modeldeployments", "ModelDeployments seen by this operator.")
+LEADER = Gauge("modeldeploy_peering_active", "1 when this replica is the active one (peering), else 0.")
+
+
+def serve(port: int, addr: str) -> None:
+    """Serve /metrics in a background thread (port 0 disables it)."""
+    if port:
+        start_http_server(port, addr=addr)

@@ -1,0 +1,222 @@
+"""The kopf operator: watch events in, reconciles out.
+
+    python -m modeldeploy [--namespace NS ...] [--standalone] [--priority N] ...
+
+Handlers are thin: every watch event of a ModelDeployment or of one of its children (by the
+``modeldeploy.io/name`` label, filtered server-side) only enqueues the ModelDeployment in the
+:class:`~modeldeploy.controller.Controller`; the reconcile itself is :mod:`modeldeploy.reconciler`.
+
+kopf settings: only ``@kopf.on.event`` handlers are used, so kopf stores no progress and no diff-base
+on our objects and needs no finalizer (children go with their owner through garbage collection); should
+a change handler ever be added, its state goes to annotations under ``modeldeploy.io/``. Peering
+(mandatory unless ``--standalone``) makes two operator replicas never act at once: kopf pauses every
+replica that sees a live peer of higher or equal priority, and the default priority is random.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import random
+import socket
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from . import api, metrics
+from . import builders as b
+from . import kube as k
+from .controller import Controller, PeeringGate
+from .reconciler import Reconciler
+
+log = logging.getLogger("modeldeploy")
+
+CHILD_RESOURCES = (
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("", "v1", "pods"),
+)
+ANNOTATION_PREFIX = "modeldeploy.io"
+
+
+def build_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
+    # our own events are posted by the reconciler; kopf's log-to-event posting would add writes
+    settings.posting.enabled = False
+    settings.posting.reporting_component = "modeldeploy"
+    settings.peering.name = args.peering_name
+    settings.peering.priority = args.priority
+    settings.peering.standalone = args.standalone
+    settings.peering.mandatory = not args.standalone
+    settings.peering.lifetime = args.peering_lifetime
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    # only children carrying our label are watched (server-side filter)
+    for group, version, plural in CHILD_RESOURCES:
+        settings.watching.label_selectors[(group, version, plural)] = b.LABEL_NAME
+    return settings
+
+
+def build_registry(controller: Controller) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> Any:
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL, registry=registry)
+    async def modeldeployment_event(event: kopf.RawEvent, namespace: str | None, name: str, **_: Any) -> None:
+        # async handlers run in the event loop (sync ones would run in threads): the queue is not thread-safe
+        key = (namespace or "default", name)
+        if event.get("type") == "DELETED":
+            controller.forget(key)
+            return
+        controller.note(key)
+        controller.enqueue(key)
+
+    for group, version, plural in CHILD_RESOURCES:
+
+        @kopf.on.event(group, version, plural, labels={b.LABEL_NAME: kopf.PRESENT}, registry=registry)
+        async def child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+            owner = labels.get(b.LABEL_NAME)
+            if owner and namespace:
+                controller.enqueue((namespace, owner))
+
+    @kopf.on.probe(id="queue", registry=registry)
+    def queue_probe(**_: Any) -> dict[str, Any]:
+        return {"managed": len(controller.known), "idle": controller.idle}
+
+    return registry
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="python -m modeldeploy", description="The ModelDeploy operator.")
+    p.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[n for n in env("MODELDEPLOY_NAMESPACES", "").split(",") if n],
+        help="watch only these namespaces (repeatable; env MODELDEPLOY_NAMESPACES, comma list); "
+        "default: cluster-wide",
+    )
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        default=env("MODELDEPLOY_STANDALONE", "") in ("1", "true"),
+        help="no peering (only for a single replica)",
+    )
+    p.add_argument(
+        "--priority",
+        type=int,
+        default=int(env("MODELDEPLOY_PRIORITY", "0")) or random.randint(1, 2**30),
+        help="peering priority (default: random, so that exactly one replica is active)",
+    )
+    p.add_argument("--peering-name", default=env("MODELDEPLOY_PEERING_NAME", "modeldeploy"))
+    p.add_argument("--peering-lifetime", type=int, default=int(env("MODELDEPLOY_PEERING_LIFETIME", "30")))
+    p.add_argument("--workers", type=int, default=int(env("MODELDEPLOY_WORKERS", "4")))
+    p.add_argument(
+        "--bind-host",
+        default=env("MODELDEPLOY_BIND_HOST") or env("POD_IP") or "127.0.0.1",
+        help="address of the metrics and health endpoints (env MODELDEPLOY_BIND_HOST, POD_IP)",
+    )
+    p.add_argument("--metrics-port", type=int, default=int(env("MODELDEPLOY_METRICS_PORT", "8480")))
+    p.add_argument("--health-port", type=int, default=int(env("MODELDEPLOY_HEALTH_PORT", "8481")))
+    p.add_argument("--prometheus-url", default=env("MODELDEPLOY_PROMETHEUS_URL", "http://127.0.0.1:9090"))
+    p.add_argument("--create-peering", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("-v", "--verbose", action="store_true", default=env("MODELDEPLOY_DEBUG", "") == "1")
+    return p.parse_args(argv)
+
+
+def identity() -> str:
+    pod = os.environ.get("POD_NAME") or os.environ.get("POD_ID")
+    return pod or f"{socket.gethostname()}/{os.getpid()}"
+
+
+def ensure_peering(kube: k.Kube, name: str, namespaces: list[str]) -> None:
+    """Create the (Cluster)KopfPeering object if it is missing (kopf only patches it)."""
+    targets: list[tuple[k.ResourceType, str | None]] = (
+        [(k.PEERING, ns) for ns in namespaces] if namespaces else [(k.CLUSTER_PEERING, None)]
+    )
+    for rt, ns in targets:
+        if kube.get(rt, ns, name) is None:
+            meta: dict[str, Any] = {"name": name}
+            if ns:
+                meta["namespace"] = ns
+            try:
+                kube.create({"apiVersion": "kopf.dev/v1", "kind": rt.kind, "metadata": meta})
+                log.info("created %s %s", rt.kind, name)
+            except k.KubeError as e:
+                if e.status != 409:
+                    raise
+
+
+async def run(args: argparse.Namespace) -> None:
+    ident = identity()
+    kube = k.Kube.from_environment(pool_size=max(4, args.workers * 2))
+    if not args.standalone and args.create_peering:
+        await asyncio.to_thread(ensure_peering, kube, args.peering_name, args.namespace)
+    reconciler = Reconciler(kube, instance=ident)
+    gate = PeeringGate(
+        kube,
+        identity=ident,
+        priority=args.priority,
+        peering_name=args.peering_name,
+        namespace=args.namespace[0] if len(args.namespace) == 1 else None,
+        standalone=args.standalone,
+    )
+    controller = Controller(reconciler.reconcile, workers=args.workers, gate=gate)
+    registry = build_registry(controller)
+    settings = build_settings(args)
+    metrics.serve(args.metrics_port, args.bind_host)
+    liveness = f"http://{args.bind_host}:{args.health_port}/healthz" if args.health_port else None
+    log.info(
+        "starting: identity=%s priority=%d namespaces=%s liveness=%s metrics=%s:%s",
+        ident,
+        args.priority,
+        args.namespace or "cluster-wide",
+        liveness,
+        args.bind_host,
+        args.metrics_port,
+    )
+    controller.start()
+    try:
+        await kopf.operator(
+            registry=registry,
+            settings=settings,
+            identity=ident,  # type: ignore[arg-type]
+            standalone=args.standalone,
+            priority=args.priority,
+            peering_name=None if args.standalone else args.peering_name,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=liveness,
+        )
+    finally:
+        await controller.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not args.verbose:
+        logging.getLogger("kopf").setLevel(logging.WARNING)
+        logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
+    asyncio.run(run(args))
+    return 0

@@ -1,0 +1,387 @@
+"""The reconcile plan: from a ModelDeployment and what was observed, everything the operator should do.
+
+A pure function of its inputs (:func:`plan`). The reconciler only executes the result:
+
+1. ``revisions``: which revisions exist, with how many pods, in which role, in traffic or not
+   (:func:`plan_revisions`; the progressive-delivery logic plugs in here);
+2. ``apply``: the desired children (Deployments, Services, PDB), applied only where they differ;
+3. ``delete``: owned children that no longer belong;
+4. ``pod_gates``: pods whose ``modeldeploy.io/in-traffic`` condition must be set;
+5. ``status``: the new status (written only when it differs from the live one);
+6. ``events``: what happened that the user should see (condition flips, unschedulable pods).
+
+The rollout policy here is the simple one of the operator core: the first revision goes straight to
+100 %; a new revision is surged next to the stable one (both in traffic) and becomes stable once all
+its pods are ready, after which the old revision is removed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from . import builders as b
+from .api import HistoryEntry, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, RevisionStatus
+from .status import (
+    DEGRADED,
+    PROGRESSING,
+    READY,
+    ConditionSpec,
+    RevisionCounts,
+    count_pods,
+    flipped,
+    merge_conditions,
+    phase_of,
+    pod_facts,
+)
+
+HISTORY_LIMIT = 20
+
+
+@dataclass
+class Observed:
+    """Children of one ModelDeployment as listed from the apiserver (by the ``modeldeploy.io/name`` label)."""
+
+    deployments: list[dict[str, Any]] = field(default_factory=list)
+    services: list[dict[str, Any]] = field(default_factory=list)
+    pdbs: list[dict[str, Any]] = field(default_factory=list)
+    pods: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RevisionTarget:
+    revision: str
+    spec: ModelDeploymentSpec  # the pod-shaping spec of this revision
+    replicas: int
+    role: str  # stable | canary | previous
+    in_traffic: bool
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Deletion:
+    kind: str
+    name: str
+    uid: str
+
+
+@dataclass
+class Plan:
+    revision: str
+    revisions: list[RevisionTarget]
+    apply: list[dict[str, Any]]
+    delete: list[Deletion]
+    pod_gates: list[tuple[str, bool]]
+    status: ModelDeploymentStatus
+    events: list[EventSpec]
+    requeue_after: float | None = None
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    return any(
+        ref.get("uid") == uid and ref.get("controller")
+        for ref in obj.get("metadata", {}).get("ownerReferences") or []
+    )
+
+
+def _live_revision_specs(md: ModelDeployment, deployments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """revision -> (pod-shaping spec recorded on its Deployment, or None if unreadable)."""
+    out: dict[str, ModelDeploymentSpec | None] = {}
+    for d in deployments:
+        meta = d.get("metadata", {})
+        rev = (meta.get("labels") or {}).get(b.LABEL_REVISION)
+        if not rev:
+            continue
+        raw = (meta.get("annotations") or {}).get(b.ANNOTATION_REVISION_SPEC)
+        try:
+            out[rev] = b.revision_spec_from_annotation(raw) if raw else None
+        except (ValueError, ValidationError, json.JSONDecodeError):
+            out[rev] = None
+    return out
+
+
+def _history(old: list[HistoryEntry], *new: HistoryEntry) -> list[HistoryEntry]:
+    return [*old, *new][-HISTORY_LIMIT:]
+
+
+# ---------------------------------------------------------------------------------------------- revisions
+
+
+@dataclass
+class RevisionDecision:
+    targets: list[RevisionTarget]
+    stable: str
+    canary: str | None
+    history: list[HistoryEntry]
+    progressing_reason: str | None  # None: at rest
+    progressing_message: str
+    events: list[EventSpec] = field(default_factory=list)
+
+
+def plan_revisions(
+    md: ModelDeployment,
+    current: str,
+    live_specs: Mapping[str, ModelDeploymentSpec | None],
+    counts: Mapping[str, RevisionCounts],
+    now: datetime,
+) -> RevisionDecision:
+    """Which revisions run, how many pods each, in traffic or not (the operator core's policy)."""
+    spec = md.spec
+    status = md.status
+    stable = status.stable_revision
+    want = spec.replicas
+    if stable is None or stable == current or live_specs.get(stable) is None:
+        history = status.history
+        events: list[EventSpec] = []
+        if stable != current:
+            outcome: Literal["Deployed", "Promoted"] = "Deployed" if stable is None else "Promoted"
+            reason = "first revision" if stable is None else f"previous revision {stable} is gone"
+            history = _history(
+                history, HistoryEntry(revision=current, outcome=outcome, time=now, reason=reason)
+            )
+            events.append(EventSpec("Normal", outcome, f"revision {current} ({reason})"))
+        ready = counts.get(current, RevisionCounts()).in_traffic
+        progressing = None if ready >= want else "ScalingUp"
+        return RevisionDecision(
+            targets=[RevisionTarget(current, spec, want, "stable", True)],
+            stable=current,
+            canary=None,
+            history=history,
+            progressing_reason=progressing,
+            progressing_message=f"revision {current}: {ready}/{want} pods ready",
+            events=events,
+        )
+    new_ready = counts.get(current, RevisionCounts()).ready
+    if new_ready >= want:
+        entry = HistoryEntry(
+            revision=current, outcome="Promoted", time=now, reason=f"all {want} pods ready; replaced {stable}"
+        )
+        return RevisionDecision(
+            targets=[RevisionTarget(current, spec, want, "stable", True)],
+            stable=current,
+            canary=None,
+            history=_history(status.history, entry),
+            progressing_reason="RevisionPromoted",
+            progressing_message=f"revision {current} replaced {stable}",
+            events=[EventSpec("Normal", "Promoted", f"revision {current} replaced {stable}")],
+        )
+    old_spec = live_specs[stable]
+    assert old_spec is not None
+    return RevisionDecision(
+        targets=[
+            RevisionTarget(stable, old_spec, want, "stable", True),
+            RevisionTarget(current, spec, want, "canary", True),
+        ],
+        stable=stable,
+        canary=current,
+        history=status.history,
+        progressing_reason="NewRevisionProgressing",
+        progressing_message=f"revision {current}: {new_ready}/{want} pods ready",
+    )
+
+
+# ---------------------------------------------------------------------------------------------- plan
+
+
+def plan(md: ModelDeployment, observed: Observed, now: datetime) -> Plan:
+    """Everything to do for one ModelDeployment (pure)."""
+    current = b.spec_revision(md.spec)
+    uid = md.uid
+    deployments = [d for d in observed.deployments if owned_by(d, uid)]
+    services = [s for s in observed.services if owned_by(s, uid)]
+    pdbs = [p for p in observed.pdbs if owned_by(p, uid)]
+    facts = [pod_facts(p) for p in observed.pods]
+    counts = count_pods(facts)
+    live_specs = _live_revision_specs(md, deployments)
+
+    decision = plan_revisions(md, current, live_specs, counts, now)
+    targets = decision.targets
+    wanted_revs = {t.revision for t in targets}
+
+    # -- desired children
+    desired: list[dict[str, Any]] = []
+    for t in targets:
+        desired.append(b.build_deployment(md, t.spec, t.revision, t.replicas))
+    desired.append(b.build_model_service(md))
+    for t in targets:
+        desired.append(b.build_revision_service(md, t.revision))
+    desired.append(b.build_pdb(md))
+    desired_names = {(o["kind"], o["metadata"]["name"]) for o in desired}
+
+    # -- owned children that no longer belong
+    deletions = [
+        Deletion(o["kind"], o["metadata"]["name"], o["metadata"].get("uid", ""))
+        for o in (*deployments, *services, *pdbs)
+        if (o.get("kind"), o["metadata"]["name"]) not in desired_names
+    ]
+
+    # -- readiness gates: in traffic or not, per pod
+    in_traffic = {t.revision: t.in_traffic for t in targets}
+    gates: list[tuple[str, bool]] = []
+    for p in facts:
+        if p.terminating or p.revision not in wanted_revs:
+            continue
+        want = in_traffic[p.revision]
+        if p.gate != ("True" if want else "False"):
+            gates.append((p.name, want))
+
+    status, events = compute_status(md, current, decision, counts, now)
+    return Plan(
+        revision=current,
+        revisions=targets,
+        apply=desired,
+        delete=deletions,
+        pod_gates=sorted(gates),
+        status=status,
+        events=decision.events + events,
+    )
+
+
+def compute_status(
+    md: ModelDeployment,
+    current: str,
+    decision: RevisionDecision,
+    counts: Mapping[str, RevisionCounts],
+    now: datetime,
+    error: str | None = None,
+) -> tuple[ModelDeploymentStatus, list[EventSpec]]:
+    """The status for this plan, and the events its changes are worth."""
+    old = md.status
+    want = md.spec.replicas
+    revisions: list[RevisionStatus] = []
+    for t in decision.targets:
+        c = counts.get(t.revision, RevisionCounts())
+        revisions.append(
+            RevisionStatus(
+                revision=t.revision,
+                role=t.role,  # type: ignore[arg-type]
+                deployment=b.deployment_name(md.name, t.revision),
+                replicas=t.replicas,
+                current_replicas=c.current,
+                ready_replicas=c.ready,
+                in_traffic_replicas=c.in_traffic,
+                unschedulable_replicas=c.unschedulable,
+                scheduling_message=c.scheduling_message,
+                model_version=t.spec.model.version,
+            )
+        )
+    in_traffic_total = sum(r.in_traffic_replicas for r in revisions)
+    canary_weight = None
+    if decision.canary is not None:
+        canary_in = counts.get(decision.canary, RevisionCounts()).in_traffic
+        canary_weight = round(100 * canary_in / in_traffic_total) if in_traffic_total else 0
+
+    # -- conditions
+    is_ready = in_traffic_total >= want
+    ready_text = f"{min(in_traffic_total, want)}/{want}"
+    ready_c = ConditionSpec(
+        READY,
+        "True" if is_ready else "False",
+        "ScaledToZero" if want == 0 else ("MinimumReplicasReady" if is_ready else "ReplicasNotReady"),
+        f"{ready_text} pods ready and in traffic",
+    )
+    progressing = decision.progressing_reason is not None
+    progressing_c = ConditionSpec(
+        PROGRESSING,
+        "True" if progressing else "False",
+        decision.progressing_reason or "RolloutComplete",
+        decision.progressing_message,
+    )
+    unschedulable = [r for r in revisions if r.unschedulable_replicas]
+    if error is not None:
+        degraded_c = ConditionSpec(DEGRADED, "True", "ReconcileError", error)
+    elif unschedulable:
+        degraded_c = ConditionSpec(
+            DEGRADED,
+            "True",
+            "PodsUnschedulable",
+            "; ".join(
+                f"revision {r.revision}: {r.unschedulable_replicas} pod(s) unschedulable: "
+                f"{r.scheduling_message}"
+                for r in unschedulable
+            ),
+        )
+    else:
+        degraded_c = ConditionSpec(DEGRADED, "False", "AsExpected", "")
+    conditions = merge_conditions(old.conditions, [ready_c, progressing_c, degraded_c], md.generation, now)
+
+    status = old.model_copy(
+        update={
+            "observed_generation": md.generation,
+            "revision": current,
+            "stable_revision": decision.stable,
+            "canary_revision": decision.canary,
+            "canary_weight": canary_weight,
+            "achieved_canary_weight": canary_weight,
+            "replicas": sum(t.replicas for t in decision.targets),
+            "ready_replicas": in_traffic_total,
+            "ready": ready_text,
+            "revisions": revisions,
+            "conditions": conditions,
+            "history": decision.history,
+            "phase": phase_of(
+                is_ready, progressing, degraded_c.status == "True", md.spec.rollout.paused and progressing
+            ),
+        }
+    )
+
+    events: list[EventSpec] = []
+    for cond in flipped(old, status):
+        if cond.type == DEGRADED and cond.status == "False" and condition_absent(old, DEGRADED):
+            continue  # nothing to tell on the first reconcile
+        bad = (cond.type == DEGRADED and cond.status == "True") or (
+            cond.type == READY and cond.status == "False"
+        )
+        if cond.type == READY and cond.status == "False" and condition_absent(old, READY):
+            continue
+        events.append(
+            EventSpec(
+                "Warning" if bad else "Normal",
+                cond.reason,
+                f"{cond.type}={cond.status}: {cond.message}"
+                if cond.message
+                else f"{cond.type}={cond.status}",
+            )
+        )
+    old_sched = {r.revision: (r.unschedulable_replicas, r.scheduling_message) for r in old.revisions}
+    for r in unschedulable:
+        if old_sched.get(r.revision) != (r.unschedulable_replicas, r.scheduling_message):
+            events.append(
+                EventSpec(
+                    "Warning",
+                    "Unschedulable",
+                    f"revision {r.revision}: {r.unschedulable_replicas} pod(s) cannot be scheduled: "
+                    f"{r.scheduling_message}",
+                )
+            )
+    return status, events
+
+
+def condition_absent(status: ModelDeploymentStatus, type_: str) -> bool:
+    return all(c.type != type_ for c in status.conditions)
+
+
+def error_status(md: ModelDeployment, message: str, now: datetime) -> ModelDeploymentStatus:
+    """The status after a failed reconcile: Degraded=True with the error, the rest as it was."""
+    wanted = [
+        ConditionSpec(c.type, c.status, c.reason, c.message)
+        for c in md.status.conditions
+        if c.type != DEGRADED
+    ]
+    wanted.append(ConditionSpec(DEGRADED, "True", "ReconcileError", message))
+    conditions = merge_conditions(md.status.conditions, wanted, md.generation, now)
+    return md.status.model_copy(update={"conditions": conditions, "phase": "Degraded"})

@@ -1,0 +1,243 @@
+"""One reconcile of one ModelDeployment: observe -> plan (pure) -> write only what differs.
+
+Synchronous on purpose (runs in a worker thread); all decisions are in :mod:`modeldeploy.plan`.
+A reconcile of a ModelDeployment whose children and status are as desired issues no write at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import builders as b
+from . import kube as k
+from . import metrics
+from .api import API_VERSION, KIND, ModelDeployment, ModelDeploymentStatus
+from .diff import Path, mismatches, needs_apply
+from .plan import EventSpec, Observed, Plan, error_status, plan
+from .status import DEGRADED, ConditionSpec, merge_conditions, status_patch, utcnow
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "modeldeploy"
+
+
+@dataclass
+class Result:
+    writes: int = 0
+    requeue_after: float | None = None
+    plan: Plan | None = None
+
+
+class Conflict(Exception):
+    """The ModelDeployment changed while we computed its status; try again."""
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: k.Kube,
+        *,
+        instance: str = "modeldeploy",
+        clock: Callable[[], datetime] = utcnow,
+    ):
+        self.kube = kube
+        self.instance = instance
+        self.clock = clock
+        # paths the apiserver rewrites in an object we apply (learned from apply answers)
+        self._normalized: dict[tuple[str, str, str], frozenset[Path]] = {}
+
+    # -------------------------------------------------------------------------------- observe
+    def observe(self, namespace: str, name: str) -> Observed:
+        selector = f"{b.LABEL_NAME}={name}"
+        return Observed(
+            deployments=self.kube.list(k.DEPLOYMENT, namespace, selector),
+            services=self.kube.list(k.SERVICE, namespace, selector),
+            pdbs=self.kube.list(k.PDB, namespace, selector),
+            pods=self.kube.list(k.POD, namespace, selector),
+        )
+
+    # -------------------------------------------------------------------------------- reconcile
+    def reconcile(self, namespace: str, name: str) -> Result:
+        started = time.monotonic()
+        raw = self.kube.get(k.MODELDEPLOYMENT, namespace, name)
+        if raw is None or raw["metadata"].get("deletionTimestamp"):
+            metrics.RECONCILES.labels(result="gone").inc()
+            return Result()  # children go with it (owner references, garbage collection)
+        try:
+            md = ModelDeployment.from_api(raw)
+        except ValidationError as e:
+            return self._invalid(raw, e)
+        try:
+            result = self._reconcile(raw, md)
+        except Exception as e:
+            metrics.RECONCILES.labels(result="error").inc()
+            metrics.RECONCILE_ERRORS.labels(error=type(e).__name__).inc()
+            self._report_failure(raw, md, e)
+            raise
+        finally:
+            metrics.RECONCILE_DURATION.observe(time.monotonic() - started)
+        metrics.RECONCILES.labels(result="changed" if result.writes else "unchanged").inc()
+        return result
+
+    def _reconcile(self, raw: dict[str, Any], md: ModelDeployment) -> Result:
+        ns, name = md.namespace, md.name
+        observed = self.observe(ns, name)
+        now = self.clock()
+        p = plan(md, observed, now)
+        result = Result(plan=p, requeue_after=p.requeue_after)
+        live = {
+            (o["kind"], o["metadata"]["name"]): o
+            for o in (*observed.deployments, *observed.services, *observed.pdbs)
+        }
+
+        for obj in p.apply:
+            key = (obj["kind"], obj["metadata"]["name"])
+            current = live.get(key)
+            ignore = self._normalized.get((obj["kind"], ns, key[1]), frozenset())
+            if not needs_apply(obj, current, ignore):
+                continue
+            drift = [] if current is None else mismatches(obj, current)
+            answer = self.kube.apply(obj, b.FIELD_MANAGER)
+            result.writes += 1
+            rewritten = frozenset(mismatches(obj, answer))
+            if rewritten:
+                log.warning("%s %s/%s: the apiserver rewrote %s", obj["kind"], ns, key[1], sorted(rewritten))
+            self._normalized[(obj["kind"], ns, key[1])] = rewritten
+            if current is None:
+                self.event(raw, EventSpec("Normal", "Created", f"created {obj['kind']} {key[1]}"))
+            else:
+                what = ", ".join(".".join(str(x) for x in d) for d in drift[:5]) or "desired state changed"
+                self.event(raw, EventSpec("Normal", "Updated", f"updated {obj['kind']} {key[1]} ({what})"))
+
+        for d in p.delete:
+            rt = k.BY_KIND[d.kind]
+            if self.kube.delete(rt, ns, d.name, uid=d.uid or None):
+                result.writes += 1
+                self._normalized.pop((d.kind, ns, d.name), None)
+                self.event(raw, EventSpec("Normal", "Deleted", f"deleted {d.kind} {d.name}"))
+
+        for pod, in_traffic in p.pod_gates:
+            if self.set_pod_gate(ns, pod, in_traffic, now):
+                result.writes += 1
+
+        patch = status_patch(raw.get("status"), p.status)
+        if patch is not None:
+            self.write_status(raw, patch)
+            result.writes += 1
+        for ev in p.events:
+            self.event(raw, ev)
+        return result
+
+    # -------------------------------------------------------------------------------- writes
+    def set_pod_gate(self, namespace: str, pod: str, in_traffic: bool, now: datetime) -> bool:
+        cond = {
+            "type": b.READINESS_GATE,
+            "status": "True" if in_traffic else "False",
+            "reason": "InTraffic" if in_traffic else "OutOfTraffic",
+            "message": "set by the modeldeploy operator",
+            "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        try:
+            self.kube.strategic_patch(k.POD, namespace, pod, {"status": {"conditions": [cond]}}, sub="status")
+            return True
+        except k.KubeError as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def write_status(self, raw: dict[str, Any], patch: dict[str, Any]) -> None:
+        meta = raw["metadata"]
+        body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": patch}
+        try:
+            self.kube.merge_patch(k.MODELDEPLOYMENT, meta.get("namespace"), meta["name"], body, sub="status")
+        except k.KubeError as e:
+            if e.status == 409:
+                raise Conflict(str(e)) from e
+            raise
+
+    def event(self, raw: dict[str, Any], ev: EventSpec) -> None:
+        """Post a core/v1 Event about the ModelDeployment (best effort: never fails a reconcile)."""
+        meta = raw["metadata"]
+        now = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta.get("namespace", "default")},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta.get("namespace", "default"),
+                "uid": meta.get("uid"),
+            },
+            "type": ev.type,
+            "reason": ev.reason,
+            "message": ev.message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance[:128],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        metrics.EVENTS.labels(type=ev.type, reason=ev.reason).inc()
+        log_fn = log.warning if ev.type == "Warning" else log.info
+        log_fn("%s/%s: %s: %s", meta.get("namespace"), meta["name"], ev.reason, ev.message)
+        try:
+            self.kube.create(body)
+        except Exception as e:  # events are best effort
+            log.debug("could not post event: %s", e)
+
+    # -------------------------------------------------------------------------------- failures
+    def _invalid(self, raw: dict[str, Any], err: ValidationError) -> Result:
+        """A spec the apiserver accepted but the models refuse (e.g. an old CRD): report, do nothing."""
+        metrics.RECONCILES.labels(result="invalid").inc()
+        message = "; ".join(
+            f"spec.{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in err.errors()[:5]
+        )
+        meta = raw["metadata"]
+        old = raw.get("status") or {}
+        try:
+            st = ModelDeploymentStatus.model_validate(old)
+        except ValidationError:
+            st = ModelDeploymentStatus()
+        now = self.clock()
+        conds = merge_conditions(
+            st.conditions,
+            [ConditionSpec(DEGRADED, "True", "InvalidSpec", message)],
+            int(meta.get("generation", 0)),
+            now,
+        )
+        new = st.model_copy(
+            update={
+                "conditions": conds,
+                "phase": "Failed",
+                "observed_generation": int(meta.get("generation", 0)),
+            }
+        )
+        patch = status_patch(old, new)
+        writes = 0
+        if patch is not None:
+            self.write_status(raw, patch)
+            self.event(raw, EventSpec("Warning", "InvalidSpec", message))
+            writes = 1
+        return Result(writes=writes)
+
+    def _report_failure(self, raw: dict[str, Any], md: ModelDeployment, err: Exception) -> None:
+        if isinstance(err, Conflict):
+            return  # a newer version exists; it will be reconciled
+        message = str(err)[:1000]
+        self.event(raw, EventSpec("Warning", "ReconcileError", message))
+        try:
+            patch = status_patch(raw.get("status"), error_status(md, message, self.clock()))
+            if patch is not None:
+                self.write_status(raw, patch)
+        except Exception as e:
+            log.debug("could not record the failure in status: %s", e)

@@ -1,0 +1,191 @@
+"""Pure status logic: pod facts, metav1.Conditions, phase, and the status diff.
+
+* :func:`pod_facts` reads what matters of a pod (scheduled? the scheduler's reason; containers ready;
+  in traffic).
+* :func:`merge_conditions` keeps ``lastTransitionTime`` unless a condition's status flips.
+* :func:`status_patch` returns the JSON merge patch that turns the live status into the computed one,
+  or None when they are equal -- so a reconcile with nothing new writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from .api import Condition, ModelDeploymentStatus
+from .builders import LABEL_REVISION, READINESS_GATE
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
+
+
+def utcnow() -> datetime:
+    """Now, in UTC, to the second (the precision of metav1.Time)."""
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+# ---------------------------------------------------------------------------------------------- pods
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    name: str
+    revision: str | None
+    terminating: bool
+    phase: str
+    scheduled: bool
+    unschedulable: bool
+    scheduling_message: str | None
+    containers_ready: bool
+    ready: bool
+    gate: str | None  # status of the modeldeploy.io/in-traffic condition, None when absent
+
+
+def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {c.get("type", ""): c for c in (pod.get("status") or {}).get("conditions") or []}
+
+
+def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
+    meta = pod.get("metadata", {})
+    status = pod.get("status") or {}
+    conds = _conditions(pod)
+    sched = conds.get("PodScheduled", {})
+    unschedulable = sched.get("status") == "False" and sched.get("reason") == "Unschedulable"
+    return PodFacts(
+        name=meta.get("name", ""),
+        revision=(meta.get("labels") or {}).get(LABEL_REVISION),
+        terminating=bool(meta.get("deletionTimestamp")),
+        phase=status.get("phase", "Pending"),
+        scheduled=sched.get("status") == "True" or bool((pod.get("spec") or {}).get("nodeName")),
+        unschedulable=unschedulable,
+        scheduling_message=(sched.get("message") or sched.get("reason")) if unschedulable else None,
+        containers_ready=conds.get("ContainersReady", {}).get("status") == "True",
+        ready=conds.get("Ready", {}).get("status") == "True",
+        gate=conds.get(READINESS_GATE, {}).get("status"),
+    )
+
+
+@dataclass(frozen=True)
+class RevisionCounts:
+    current: int = 0
+    ready: int = 0  # server ready (containers ready), in traffic or warm
+    in_traffic: int = 0  # pod Ready: containers ready and the in-traffic gate True
+    unschedulable: int = 0
+    scheduling_message: str | None = None
+
+
+def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
+    acc: dict[str, dict[str, Any]] = {}
+    for p in pods:
+        if p.revision is None or p.terminating or p.phase in ("Succeeded", "Failed"):
+            continue
+        a = acc.setdefault(
+            p.revision, {"current": 0, "ready": 0, "in_traffic": 0, "unschedulable": 0, "messages": []}
+        )
+        a["current"] += 1
+        a["ready"] += int(p.containers_ready)
+        a["in_traffic"] += int(p.ready)
+        if p.unschedulable:
+            a["unschedulable"] += 1
+            if p.scheduling_message:
+                a["messages"].append(p.scheduling_message)
+    return {
+        rev: RevisionCounts(
+            current=a["current"],
+            ready=a["ready"],
+            in_traffic=a["in_traffic"],
+            unschedulable=a["unschedulable"],
+            # the same message for every pending pod is the common case; keep the first, sorted for stability
+            scheduling_message=sorted(a["messages"])[0] if a["messages"] else None,
+        )
+        for rev, a in acc.items()
+    }
+
+
+# ---------------------------------------------------------------------------------------------- conditions
+
+
+@dataclass(frozen=True)
+class ConditionSpec:
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+
+
+def merge_conditions(
+    old: Iterable[Condition], wanted: Iterable[ConditionSpec], generation: int, now: datetime
+) -> list[Condition]:
+    """The new conditions; ``lastTransitionTime`` changes only when a condition's status changes."""
+    previous = {c.type: c for c in old}
+    out: list[Condition] = []
+    for w in wanted:
+        p = previous.get(w.type)
+        ltt = p.last_transition_time if p is not None and p.status == w.status else now
+        out.append(
+            Condition(
+                type=w.type,
+                status=w.status,  # type: ignore[arg-type]
+                observed_generation=generation,
+                last_transition_time=ltt,
+                reason=w.reason,
+                message=w.message[:32768],
+            )
+        )
+    # conditions someone else added (not ours) are kept untouched
+    out.extend(c for t, c in previous.items() if t not in {w.type for w in wanted})
+    return out
+
+
+def condition(status: ModelDeploymentStatus, type_: str) -> Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def flipped(old: ModelDeploymentStatus, new: ModelDeploymentStatus) -> list[Condition]:
+    """Conditions whose status or reason changed (worth an event)."""
+    out = []
+    for c in new.conditions:
+        o = condition(old, c.type)
+        if o is None or o.status != c.status or o.reason != c.reason:
+            out.append(c)
+    return out
+
+
+def phase_of(ready: bool, progressing: bool, degraded: bool, paused: bool) -> str:
+    if degraded:
+        return "Degraded"
+    if progressing:
+        return "Paused" if paused else "Progressing"
+    if ready:
+        return "Healthy"
+    return "Pending"
+
+
+# ---------------------------------------------------------------------------------------------- diff
+
+
+def normalize(raw: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A live status in the form :meth:`ModelDeploymentStatus.to_api` produces (for comparison)."""
+    if not raw:
+        return ModelDeploymentStatus().to_api()
+    try:
+        return ModelDeploymentStatus.model_validate(dict(raw)).to_api()
+    except ValidationError:
+        return dict(raw)
+
+
+def status_patch(old_raw: Mapping[str, Any] | None, new: ModelDeploymentStatus) -> dict[str, Any] | None:
+    """A JSON merge patch of ``status`` (top-level keys that changed; None deletes), or None if equal."""
+    old = normalize(old_raw)
+    want = new.to_api()
+    patch: dict[str, Any] = {}
+    for key in sorted(set(old) | set(want)):
+        if old.get(key) != want.get(key):
+            patch[key] = want.get(key)
+    return patch or None
