@@ -173,7 +173,9 @@ class ModelServerApp:
         if name != self.name:
             raise NotFound(f"unknown model '{name}'; this server serves '{self.name}'")
         if version is not None and version != self.version:
-            raise NotFound(f"unknown version '{version}' of model '{name}'; this server serves '{self.version}'")
+            raise NotFound(
+                f"unknown version '{version}' of model '{name}'; this server serves '{self.version}'"
+            )
 
     async def _infer(
         self, path: str, receive: Receive, header_len: str | None, encoding: str | None, rid: str
@@ -297,13 +299,19 @@ class ModelServerApp:
             "platform": info.platform,
             "max_batch_size": s.max_batch_size,
             "input": [
-                {"name": t.name, "data_type": "TYPE_" + ("STRING" if t.datatype == "BYTES" else t.datatype),
-                 "dims": dims(t.shape)}
+                {
+                    "name": t.name,
+                    "data_type": "TYPE_" + ("STRING" if t.datatype == "BYTES" else t.datatype),
+                    "dims": dims(t.shape),
+                }
                 for t in info.inputs
             ],
             "output": [
-                {"name": t.name, "data_type": "TYPE_" + ("STRING" if t.datatype == "BYTES" else t.datatype),
-                 "dims": dims(t.shape)}
+                {
+                    "name": t.name,
+                    "data_type": "TYPE_" + ("STRING" if t.datatype == "BYTES" else t.datatype),
+                    "dims": dims(t.shape),
+                }
                 for t in info.outputs
             ],
             "dynamic_batching": {

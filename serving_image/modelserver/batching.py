@@ -283,7 +283,7 @@ class BucketPolicy:
     @classmethod
     def derive(cls, lengths: Sequence[int], max_length: int) -> list[int]:
         qs = np.quantile(np.asarray(lengths, dtype=np.float64), cls.QUANTILES)
-        bounds = sorted({min(max_length, max(8, int(math.ceil(q / 8.0)) * 8)) for q in qs})
+        bounds = sorted({min(max_length, max(8, math.ceil(q / 8.0) * 8)) for q in qs})
         if bounds[-1] != max_length:
             bounds.append(max_length)
         return bounds
@@ -380,9 +380,7 @@ class BatchQueue:
             raise Draining("server is shutting down", retry_after=1.0)
         if len(self._items) + len(items) > self.cfg.max_queue_size:
             self.observer.on_reject(QueueFull.reason)
-            raise QueueFull(
-                f"queue full ({self.cfg.max_queue_size} items)", retry_after=self.retry_after()
-            )
+            raise QueueFull(f"queue full ({self.cfg.max_queue_size} items)", retry_after=self.retry_after())
         now = self.clock()
         costs = [self._item_cost(it.length) for it in items]
         # Lower bound on completion: everything queued ahead runs at its best batching, then ours.
@@ -536,7 +534,9 @@ class BatchQueue:
         """Feed a finished batch's latency to the cost model."""
         self.cost.observe(batch.size, batch.padded_length, seconds)
         a = 0.2
-        self.recent_batch_s = seconds if self.recent_batch_s == 0 else (1 - a) * self.recent_batch_s + a * seconds
+        self.recent_batch_s = (
+            seconds if self.recent_batch_s == 0 else (1 - a) * self.recent_batch_s + a * seconds
+        )
 
     def lower_budget_after_oom(self, batch: Batch) -> None:
         new = max(batch.padded_length, batch.padded_tokens // 2)
@@ -664,7 +664,11 @@ class BatchWorker:
                 results, seconds, stats = await loop.run_in_executor(self.executor, self._run_sync, batch)
             except Exception as exc:  # the split runner does not raise; this is a bug guard
                 log.exception("batch runner failed")
-                results, seconds, stats = [ItemFailed(f"internal error: {exc}")] * batch.size, 0.0, SplitStats()
+                results, seconds, stats = (
+                    [ItemFailed(f"internal error: {exc}")] * batch.size,
+                    0.0,
+                    SplitStats(),
+                )
             finally:
                 q.in_flight_s = 0.0
             self.batches += 1

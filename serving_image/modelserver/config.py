@@ -94,15 +94,21 @@ class Settings:
     port: int = _opt(8080, "listen port", "int")
     # --- device ----------------------------------------------------------------------------
     device: str = _opt("auto", "inference device", choices=("auto", "cpu", "cuda"))
-    dtype: str = _opt("fp32", "weights/activation dtype (fp16/bf16 only on CUDA)", choices=("fp32", "fp16", "bf16"))
+    dtype: str = _opt(
+        "fp32", "weights/activation dtype (fp16/bf16 only on CUDA)", choices=("fp32", "fp16", "bf16")
+    )
     num_threads: int = _opt(0, "torch intra-op threads on CPU (0 = torch default)", "int")
     # --- batching --------------------------------------------------------------------------
     max_batch_size: int = _opt(32, "maximum items per batch", "int")
-    max_queue_delay_ms: float = _opt(5.0, "longest time the oldest queued item waits for a batch to fill", "float")
+    max_queue_delay_ms: float = _opt(
+        5.0, "longest time the oldest queued item waits for a batch to fill", "float"
+    )
     max_queue_size: int = _opt(1024, "maximum queued items; beyond it requests get 503", "int")
     max_sequence_length: int = _opt(0, "maximum tokens per text input (0 = the model's limit)", "int")
     truncate: bool = _opt(False, "truncate over-long texts instead of rejecting them (413)", "bool")
-    buckets: list[int] | None = _opt(None, "length bucket upper bounds, comma list, or 'auto'", "buckets")
+    buckets: list[int] | None = _opt(  # noqa: RUF009 - immutable default
+        None, "length bucket upper bounds, comma list, or 'auto'", "buckets"
+    )
     token_budget: int = _opt(8192, "maximum padded tokens (batch size x padded length) per batch", "int")
     scheduler: str = _opt(
         "adaptive",
@@ -146,7 +152,8 @@ class Settings:
         if self.max_sequence_length < 0 or self.cache_size < 0 or self.num_threads < 0:
             raise ConfigError("max_sequence_length, cache_size and num_threads must be >= 0")
         if self.model_sha256 and (
-            len(self.model_sha256) != 64 or any(c not in "0123456789abcdef" for c in self.model_sha256.lower())
+            len(self.model_sha256) != 64
+            or any(c not in "0123456789abcdef" for c in self.model_sha256.lower())
         ):
             raise ConfigError("model_sha256 must be 64 hex digits")
         return self

@@ -44,9 +44,7 @@ def file_sha256(path: Path) -> str:
 
 
 def dir_digest(path: Path) -> str:
-    files = sorted(
-        (p for p in path.rglob("*") if p.is_file()), key=lambda p: p.relative_to(path).as_posix()
-    )
+    files = sorted((p for p in path.rglob("*") if p.is_file()), key=lambda p: p.relative_to(path).as_posix())
     h = hashlib.sha256()
     for p in files:
         rel = p.relative_to(path).as_posix()
@@ -127,7 +125,9 @@ def fetch(settings: Settings) -> Path:
     elif parts.scheme == "":
         path = Path(uri)
     else:
-        raise ModelLoadError(f"unsupported model URI scheme {parts.scheme!r} (use file://, http(s):// or noop://)")
+        raise ModelLoadError(
+            f"unsupported model URI scheme {parts.scheme!r} (use file://, http(s):// or noop://)"
+        )
     if not path.exists():
         raise ModelLoadError(f"model path {path} does not exist")
     verify(path, settings.model_sha256)

@@ -171,9 +171,7 @@ def decode_request(body: bytes, header_length: str | None, specs: dict[str, Tens
             else:
                 dtype = np.dtype(DTYPES[dt]).newbyteorder("<")
                 if bsize != count * dtype.itemsize:
-                    raise InvalidInput(
-                        f"input '{name}': {bsize} bytes do not match shape {shape} of {dt}"
-                    )
+                    raise InvalidInput(f"input '{name}': {bsize} bytes do not match shape {shape} of {dt}")
                 arr = np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
         else:
             if "data" not in inp:
@@ -191,7 +189,9 @@ def decode_request(body: bytes, header_length: str | None, specs: dict[str, Tens
                 if dt == "BOOL":
                     kinds = (bool,)
                 if not all(isinstance(v, kinds) and (dt == "BOOL" or not isinstance(v, bool)) for v in flat):
-                    raise InvalidInput(f"input '{name}': {dt} data must be {'integers' if kinds == (int,) else 'numbers'}")
+                    raise InvalidInput(
+                        f"input '{name}': {dt} data must be {'integers' if kinds == (int,) else 'numbers'}"
+                    )
                 try:
                     arr = np.asarray(flat, dtype=DTYPES[dt])
                 except (ValueError, TypeError, OverflowError) as e:
@@ -228,7 +228,9 @@ def _bytes_element(v: Any) -> bytes:
 
 def _json_data(arr: np.ndarray) -> Any:
     if arr.dtype == np.object_:
-        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in arr.reshape(-1).tolist()]
+        return [
+            v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in arr.reshape(-1).tolist()
+        ]
     return arr.reshape(-1)
 
 

@@ -71,7 +71,9 @@ async def serve(settings: Settings) -> int:
     drain_limit = settings.drain_timeout_s or settings.max_timeout_ms / 1000.0 + 5.0
 
     async def drain_then_exit() -> None:
-        log.info("signal received: draining", extra={"queue_depth": service.queue.depth if service.queue else 0})
+        log.info(
+            "signal received: draining", extra={"queue_depth": service.queue.depth if service.queue else 0}
+        )
         try:
             await asyncio.wait_for(service.drain(), drain_limit)
         except TimeoutError:
@@ -91,8 +93,13 @@ async def serve(settings: Settings) -> int:
         loop.add_signal_handler(sig, on_signal, sig)
     log.info(
         "starting",
-        extra={"model": settings.model_name, "version": settings.model_version, "uri": settings.model_uri,
-               "host": settings.host, "port": settings.port},
+        extra={
+            "model": settings.model_name,
+            "version": settings.model_version,
+            "uri": settings.model_uri,
+            "host": settings.host,
+            "port": settings.port,
+        },
     )
     await server.serve()  # type: ignore[attr-defined]
     if service.state == "failed":
@@ -122,11 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             import uvloop
-
-            runner = uvloop.run
         except ImportError:
-            runner = asyncio.run
-        return runner(serve(settings))
+            return asyncio.run(serve(settings))
+        return uvloop.run(serve(settings))
     except ModelLoadError as e:
         log.error("cannot load the model: %s", e)
         return 2

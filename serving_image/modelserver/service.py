@@ -29,6 +29,8 @@ from .models.base import ServedModel
 
 log = logging.getLogger("modelserver.service")
 
+WARMUP_TOKENS = 2048
+
 
 class LRUCache:
     def __init__(self, size: int) -> None:
@@ -117,16 +119,19 @@ class ModelService:
         )
 
     def _warmup(self) -> None:
-        """Run batches at every bucket length (sizes 1, n/4, n) so the cost model starts informed."""
+        """One throw-away batch, then for every bucket length a batch of 1 and a batch of up to
+        ``WARMUP_TOKENS`` padded tokens, recorded in the cost model (which keeps learning online)."""
         assert self.queue is not None
         q = self.queue
         b = self.settings.max_batch_size
+        first = self.model.warmup_payloads(q.buckets.bounds[0], 1)
+        if not first:
+            return
+        run_with_split(self.model.predict, first)
         for length in list(q.buckets.bounds):
             n_max = max(1, min(b, q.budget // max(1, length)))
-            for n in sorted({1, max(1, n_max // 4), n_max}):
+            for n in sorted({1, max(1, min(n_max, WARMUP_TOKENS // max(1, length)))}):
                 payloads = self.model.warmup_payloads(length, n)
-                if not payloads:
-                    return
                 stats = SplitStats()
                 t0 = time.perf_counter()
                 run_with_split(self.model.predict, payloads, stats)
@@ -186,7 +191,9 @@ class ModelService:
                 self.metrics.on_reject("too_long")
             raise
         s = self.settings
-        timeout = min(timeout_ms if timeout_ms is not None else s.default_timeout_ms, s.max_timeout_ms) / 1000.0
+        timeout = (
+            min(timeout_ms if timeout_ms is not None else s.default_timeout_ms, s.max_timeout_ms) / 1000.0
+        )
         results: list[Any] = [None] * len(prepared)
         loop = asyncio.get_running_loop()
         now = time.monotonic()
@@ -215,6 +222,7 @@ class ModelService:
             slots.append(idx)
         if items:
             q = self.queue
+            assert q is not None
             q.submit(items)  # raises QueueFull / DeadlineUnmeetable / Draining
             handle = loop.call_later(timeout, q.expire, items)
             try:

@@ -82,10 +82,10 @@ class ServedModel:
     def preprocess(self, inputs: dict[str, np.ndarray]) -> list[Prepared]:
         raise NotImplementedError
 
-    def predict(self, payloads: list[Any]) -> Sequence[dict[str, np.ndarray]]:
+    def predict(self, payloads: list[Any]) -> Sequence[Any]:
         raise NotImplementedError
 
-    def postprocess(self, results: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    def postprocess(self, results: Sequence[Any]) -> dict[str, np.ndarray]:
         return stack_results(results)
 
     def warmup_payloads(self, length: int, n: int) -> list[Any]:

@@ -8,8 +8,8 @@ with a class ``Handler`` in the model directory. The class (instantiated without
     max_length = 512                                                    # optional, for length bucketing
 
     def load(self, model_dir: str, device: str) -> None: ...
-    def preprocess(self, inputs: dict[str, numpy.ndarray]) -> list:     # one entry per batch row; an entry may
-        ...                                                             # be (payload, length) for bucketing
+    def preprocess(self, inputs: dict[str, numpy.ndarray]) -> list:     # one entry per batch row; an
+        ...                                                             # entry may be (payload, length)
     def predict(self, payloads: list) -> list:                          # batched, on the inference thread
         ...
     def postprocess(self, outputs: list) -> dict[str, numpy.ndarray]:   # one request's per-row outputs
@@ -82,7 +82,9 @@ class CustomModel(ServedModel):
         except ModelLoadError:
             raise
         except Exception as e:
-            raise ModelLoadError(f"handler {self.handler_spec} failed to load: {type(e).__name__}: {e}") from e
+            raise ModelLoadError(
+                f"handler {self.handler_spec} failed to load: {type(e).__name__}: {e}"
+            ) from e
         self.handler = h
         self.info = ModelInfo(
             platform="python_handler",

@@ -68,10 +68,13 @@ class HFModel(ServedModel):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         import torch
         from tokenizers import Tokenizer
         from transformers import AutoConfig, AutoModel, AutoModelForSequenceClassification
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()
         self.torch = torch
         tok_file = self.path / "tokenizer.json"
         if not tok_file.is_file():

@@ -58,14 +58,16 @@ class NoopModel(ServedModel):
     def preprocess(self, inputs: dict[str, np.ndarray]) -> list[Prepared]:
         batch_size_of(inputs, self.info.inputs)
         texts = texts_of(inputs["text"], "text")
-        return [Prepared(payload=t, length=min(len(t.split()) + 2, self.max_length), cache_key=t) for t in texts]
+        return [
+            Prepared(payload=t, length=min(len(t.split()) + 2, self.max_length), cache_key=t) for t in texts
+        ]
 
     def _fails(self, text: str) -> bool:
         if self.fail_text and self.fail_text in text:
             return True
         return self.fail_rate > 0 and (zlib.crc32(text.encode()) % 10000) < self.fail_rate * 10000
 
-    def predict(self, payloads: list[Any]) -> Sequence[dict[str, np.ndarray]]:
+    def predict(self, payloads: list[Any]) -> Sequence[dict[str, Any]]:
         lengths = [min(len(t.split()) + 2, self.max_length) for t in payloads]
         padded = max(lengths) * len(payloads)
         if self.oom_tokens and padded > self.oom_tokens and len(payloads) > 1:

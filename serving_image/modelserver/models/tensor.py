@@ -30,11 +30,16 @@ TORCH_DTYPES = {"FP32": "float32", "FP16": "float16", "FP64": "float64", "INT64"
 
 
 def read_signature(model_file: Path) -> tuple[list[TensorSpec], list[TensorSpec]] | None:
-    for cand in (model_file.with_name(model_file.name + ".signature.json"), model_file.parent / "signature.json"):
+    for cand in (
+        model_file.with_name(model_file.name + ".signature.json"),
+        model_file.parent / "signature.json",
+    ):
         if cand.is_file():
             try:
                 sig = json.loads(cand.read_text())
-                ins = [TensorSpec(d["name"], d["datatype"], [int(x) for x in d["shape"]]) for d in sig["inputs"]]
+                ins = [
+                    TensorSpec(d["name"], d["datatype"], [int(x) for x in d["shape"]]) for d in sig["inputs"]
+                ]
                 outs = [
                     TensorSpec(d["name"], d["datatype"], [int(x) for x in d["shape"]]) for d in sig["outputs"]
                 ]
@@ -66,7 +71,8 @@ class TensorModel(ServedModel):
                 self.fn = module
             else:
                 ep = torch.export.load(str(self.path))
-                example = tuple(getattr(ep, "example_inputs", None) or ((), {}))[0] or ()
+                ex_args: Any = getattr(ep, "example_inputs", None) or ((), {})
+                example = tuple(ex_args[0] or ())
                 module = ep.module()
                 module.to(self.device)
                 self.fn = module
@@ -134,7 +140,9 @@ class TensorModel(ServedModel):
             names = [f"output__{i}" for i in range(len(res))]
         for r in res:
             if r.shape[:1] != (len(payloads),):
-                raise RuntimeError(f"model output has shape {list(r.shape)}; the first dimension must be the batch")
+                raise RuntimeError(
+                    f"model output has shape {list(r.shape)}; the first dimension must be the batch"
+                )
         return [{name: r[i] for name, r in zip(names, res, strict=True)} for i in range(len(payloads))]
 
     def warmup_payloads(self, length: int, n: int) -> list[Any]:

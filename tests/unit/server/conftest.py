@@ -1,0 +1,62 @@
+"""Fixtures for the batching-core and server unit tests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from modelserver.batching import BatchingConfig, BatchQueue, CostModel, WorkItem
+
+
+class FakeClock:
+    """A manual monotonic clock: tests advance it and then poke the queue."""
+
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, dt: float) -> None:
+        self.t += dt
+
+
+def fixed_cost(c0: float = 1e-3, c1: float = 0.0, c2: float = 1e-5, c3: float = 0.0) -> CostModel:
+    """A cost model with fixed coefficients that never refits."""
+    cm = CostModel()
+    cm.coef = np.array([c0, c1, c2, c3])
+    cm.observe = lambda *a, **k: None  # type: ignore[method-assign]
+    return cm
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def make_queue(clock: FakeClock) -> Callable[..., BatchQueue]:
+    def make(cost: CostModel | None = None, **kw: object) -> BatchQueue:
+        cfg = BatchingConfig(**{"max_queue_delay_s": 10.0, **kw})  # type: ignore[arg-type]
+        return BatchQueue(cfg, clock=clock, cost_model=cost or fixed_cost())
+
+    return make
+
+
+@pytest.fixture
+def make_item(clock: FakeClock) -> Callable[..., WorkItem]:
+    def make(length: int = 10, timeout: float = 100.0, priority: int = 1, payload: object = None, **kw: object):
+        return WorkItem(
+            payload=payload if payload is not None else length,
+            length=length,
+            deadline=clock() + timeout,
+            arrival=clock(),
+            priority=priority,
+            future=asyncio.get_running_loop().create_future(),
+            **kw,  # type: ignore[arg-type]
+        )
+
+    return make
