@@ -1,0 +1,105 @@
+"""The pydantic API models: defaults, wire form, and the rules the CRD's CEL rules also enforce."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from conftest import invalid_manifests
+from pydantic import ValidationError
+
+from modeldeploy.api import ModelDeployment, ModelDeploymentSpec, parse_duration
+
+
+def spec(**over):
+    base = {"model": {"name": "minilm", "uri": "file:///m"}}
+    base.update(over)
+    return ModelDeploymentSpec.model_validate(base)
+
+
+def test_defaults_fill_every_section():
+    s = spec()
+    assert s.replicas == 1
+    assert s.image == "modeldeploy/modelserver:dev"
+    assert s.resources.gpu == 0
+    assert s.model.version == "1" and s.model.format == "auto"
+    assert s.batching.buckets == [32, 64, 128, 256]
+    assert s.batching.max_timeout_ms >= s.batching.default_timeout_ms
+    assert s.rollout.steps == [5, 25, 50, 100]
+    assert s.rollout.traffic_routing.mode == "replicas"
+    assert s.rollout.analysis.on_no_data == "hold"
+    assert s.rollout.keep_previous.replicas == 1
+    assert s.rollout.paused is False
+
+
+def test_wire_form_is_camel_case_and_round_trips():
+    s = spec(rollout={"trafficRouting": {"mode": "gatewayAPI", "gatewayAPI": {"parentRefs": [{"name": "gw"}]}}})
+    wire = s.to_api()
+    assert "maxBatchSize" in wire["batching"]
+    assert wire["rollout"]["trafficRouting"]["gatewayAPI"]["parentRefs"][0]["name"] == "gw"
+    assert ModelDeploymentSpec.model_validate(wire) == s
+
+
+def test_python_names_are_accepted_too():
+    s = ModelDeploymentSpec.model_validate(
+        {"model": {"name": "m", "uri": "file:///m"}, "node_selector": {"a": "b"}}
+    )
+    assert s.node_selector == {"a": "b"}
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("1s", 1), ("500ms", 0.5), ("1m30s", 90), ("2h", 7200), ("1.5m", 90)]
+)
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "1", "1d", "soon", "-1s"])
+def test_parse_duration_refuses(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("name", "manifest", "field", "mode"),
+    [c for c in invalid_manifests() if c[3] == "refuse"],
+    ids=[c[0] for c in invalid_manifests() if c[3] == "refuse"],
+)
+def test_models_refuse_every_invalid_manifest(name, manifest, field, mode):
+    """The same bad manifests the apiserver must refuse are refused by the models."""
+    with pytest.raises(ValidationError):
+        ModelDeployment.model_validate(manifest)
+
+
+def test_invalid_manifests_are_many_and_distinct():
+    cases = invalid_manifests()
+    assert len(cases) >= 12
+    assert len({c[2] + repr(c[1]["spec"]) for c in cases}) == len(cases)
+
+
+def test_the_invalid_manifests_differ_from_a_valid_one_only_in_the_bad_part():
+    """Each bad manifest becomes valid when its base spec is used (the model and its URI are fine)."""
+    for name, manifest, _, mode in invalid_manifests():
+        if mode != "refuse" or name.endswith("unknown-field.yaml"):
+            continue
+        good = copy.deepcopy(manifest)
+        good["spec"] = {"model": {"name": "minilm", "uri": "file:///models/minilm"}}
+        ModelDeployment.model_validate(good)
+
+
+def test_gpu_must_be_an_integer_even_from_python():
+    with pytest.raises(ValidationError):
+        spec(resources={"gpu": 1.0})
+    assert spec(resources={"gpu": 2}).resources.gpu == 2
+
+
+@pytest.mark.parametrize("q", ["500m", "2", 2, "1.5Gi", "512Mi", "1e3"])
+def test_quantities(q):
+    assert spec(resources={"cpu": q}).resources.cpu == q
+
+
+def test_from_api_tolerates_missing_or_null_status(md_body):
+    md_body["status"] = None
+    md = ModelDeployment.from_api(md_body)
+    assert md.status.conditions == []
+    assert md.name == "minilm" and md.namespace == "default" and md.uid == "md-uid-1"

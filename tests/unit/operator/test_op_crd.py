@@ -1,0 +1,143 @@
+"""The CRD generated from the models: drift, structural-schema rules, and the API surface."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from modeldeploy import crdgen
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def walk(node: dict[str, Any], path: str = ""):
+    yield path, node
+    for key, child in (node.get("properties") or {}).items():
+        yield from walk(child, f"{path}.{key}")
+    if isinstance(node.get("items"), dict):
+        yield from walk(node["items"], f"{path}[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from walk(node["additionalProperties"], f"{path}{{}}")
+
+
+def test_committed_crd_matches_the_models():
+    committed = (REPO / "crds" / "modeldeployment.yaml").read_text()
+    assert committed == crdgen.render(), (
+        "crds/modeldeployment.yaml drifted: run `python -m modeldeploy.crdgen > crds/modeldeployment.yaml`"
+    )
+
+
+def test_committed_peering_crds_match():
+    committed = (REPO / "crds" / "kopfpeering.yaml").read_text()
+    assert committed == crdgen.render(peering=True)
+    kinds = {d["spec"]["names"]["kind"] for d in yaml.safe_load_all(committed)}
+    assert kinds == {"ClusterKopfPeering", "KopfPeering"}
+
+
+def test_names_and_surface():
+    crd = crdgen.modeldeployment_crd()
+    assert crd["metadata"]["name"] == "modeldeployments.modeldeploy.io"
+    names = crd["spec"]["names"]
+    assert (names["kind"], names["plural"], names["shortNames"], names["categories"]) == (
+        "ModelDeployment",
+        "modeldeployments",
+        ["md"],
+        ["modeldeploy"],
+    )
+    (version,) = crd["spec"]["versions"]
+    assert version["name"] == "v1alpha1" and version["storage"] and version["served"]
+    assert version["subresources"] == {"status": {}}
+    cols = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    assert cols == ["Model", "Stable", "Canary", "Weight", "Phase", "Ready", "Age"]
+
+
+def test_schema_is_structural():
+    schema = crdgen.crd_schema()
+    for path, node in walk(schema):
+        assert "$ref" not in node and "title" not in node and "allOf" not in node, path
+        assert "const" not in node and "nullable" not in node, path
+        if node.get("x-kubernetes-int-or-string"):
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], path
+        else:
+            assert "anyOf" not in node, path
+            assert node.get("type") in {"object", "array", "string", "integer", "number", "boolean"}, path
+        if "properties" in node:
+            assert "additionalProperties" not in node, path
+        for req in node.get("required", []):
+            assert req in node["properties"], (path, req)
+
+
+def test_cel_cost_is_bounded():
+    """Every list and map carries maxItems/maxProperties and every string under a list a maxLength,
+    so the apiserver's CEL cost estimate stays finite."""
+    for path, node in walk(crdgen.crd_schema()):
+        if path in ("", ".metadata") or path.startswith(".status") and node.get("type") == "object":
+            continue
+        if node.get("type") == "array":
+            assert "maxItems" in node, path
+        if node.get("type") == "object" and "additionalProperties" in node:
+            assert "maxProperties" in node, path
+        if node.get("type") == "string" and "[]" in path and node.get("format") != "date-time":
+            assert "maxLength" in node or "enum" in node, path
+
+
+def test_defaults_are_present_and_valid_for_the_models():
+    spec = crdgen.crd_schema()["properties"]["spec"]["properties"]
+    assert spec["replicas"]["default"] == 1
+    assert spec["rollout"]["default"] == {}
+    assert spec["rollout"]["properties"]["steps"]["default"] == [5, 25, 50, 100]
+    assert spec["batching"]["properties"]["buckets"]["default"] == [32, 64, 128, 256]
+    assert spec["resources"]["properties"]["gpu"]["type"] == "integer"
+    assert spec["resources"]["properties"]["gpu"]["minimum"] == 0
+    assert spec["model"]["properties"]["format"]["enum"][0] == "auto"
+
+
+def test_cel_rules_name_their_field():
+    rules = []
+    for path, node in walk(crdgen.crd_schema()):
+        for r in node.get("x-kubernetes-validations", []):
+            rules.append((path, r))
+    texts = {r["rule"] for _, r in rules}
+    assert "self.maxTimeoutMs >= self.defaultTimeoutMs" in texts
+    assert "self.isSorted()" in texts
+    assert "self[size(self) - 1] == 100" in texts
+    for path, r in rules:
+        assert r["message"], path
+        assert "fieldPath" in r or path.endswith(("steps", "buckets", "interval", "[]")) or path == "", (path, r)
+
+
+def test_conditions_and_revisions_are_map_lists():
+    status = crdgen.crd_schema()["properties"]["status"]["properties"]
+    assert status["conditions"]["x-kubernetes-list-map-keys"] == ["type"]
+    assert status["revisions"]["x-kubernetes-list-map-keys"] == ["revision"]
+    cond = status["conditions"]["items"]
+    assert set(cond["required"]) == {"type", "status", "lastTransitionTime", "reason", "message"}
+
+
+def test_status_holds_the_rollout_fields_of_progressive_delivery():
+    status = crdgen.crd_schema()["properties"]["status"]["properties"]
+    for f in (
+        "phase",
+        "stableRevision",
+        "canaryRevision",
+        "previousRevision",
+        "canaryWeight",
+        "step",
+        "stepStartedAt",
+        "conditions",
+        "observedGeneration",
+        "revisions",
+        "analysis",
+        "history",
+    ):
+        assert f in status, f
+    rollout = crdgen.crd_schema()["properties"]["spec"]["properties"]["rollout"]["properties"]
+    for f in ("steps", "interval", "trafficRouting", "analysis", "bakeTime", "keepPrevious", "paused"):
+        assert f in rollout, f
+
+
+def test_main_prints_the_crd(capsys):
+    assert crdgen.main([]) == 0
+    assert capsys.readouterr().out == crdgen.render()
