@@ -2,7 +2,7 @@
 
 URI ``noop://[anything][?options]`` (or ``--model-format noop``). Input ``text`` (BYTES, [-1]); outputs
 ``echo`` (BYTES, the text back) and ``length`` (INT64, the number of whitespace-separated words + 2, which
-is also the item's length for batching).
+is also the item's length for batching; longer than ``--max-sequence-length`` (default 512) -> 413).
 
 Options (query string), all deterministic:
 
@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 
+from ..batching import InputTooLong
 from ..errors import ModelLoadError
 from .base import ModelInfo, Prepared, ServedModel, TensorSpec, batch_size_of, texts_of
 
@@ -58,9 +59,15 @@ class NoopModel(ServedModel):
     def preprocess(self, inputs: dict[str, np.ndarray]) -> list[Prepared]:
         batch_size_of(inputs, self.info.inputs)
         texts = texts_of(inputs["text"], "text")
-        return [
-            Prepared(payload=t, length=min(len(t.split()) + 2, self.max_length), cache_key=t) for t in texts
-        ]
+        out = []
+        for i, t in enumerate(texts):
+            n = len(t.split()) + 2
+            if n > self.max_length:
+                raise InputTooLong(
+                    f"input {i} has {n} tokens, more than the maximum sequence length {self.max_length}"
+                )
+            out.append(Prepared(payload=t, length=n, cache_key=t))
+        return out
 
     def _fails(self, text: str) -> bool:
         if self.fail_text and self.fail_text in text:

@@ -1,0 +1,244 @@
+"""The HTTP layer in-process (ASGI), with the built-in noop model: protocol, errors, metrics, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import struct
+
+import httpx
+import orjson
+import pytest
+
+from modelserver.app import ModelServerApp
+from modelserver.config import load_settings
+from modelserver.loader import create_model
+from modelserver.service import ModelService
+
+
+async def make_client(*args: str) -> tuple[httpx.AsyncClient, ModelService]:
+    settings = load_settings(
+        ["--model-name", "echo", "--model-version", "3", "--model-uri", "noop://", *args], environ={}
+    )
+    service = ModelService(settings, create_model(settings))
+    app = ModelServerApp(service)
+    await service.start()
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    return client, service
+
+
+@pytest.fixture
+async def client():
+    c, svc = await make_client()
+    yield c
+    await c.aclose()
+    await svc.drain()
+
+
+def body(texts, **extra):
+    return {"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": texts}], **extra}
+
+
+async def test_health_and_metadata(client):
+    assert (await client.get("/v2/health/live")).status_code == 200
+    assert (await client.get("/v2/health/ready")).json() == {"ready": True}
+    meta = (await client.get("/v2/models/echo")).json()
+    assert meta["name"] == "echo" and meta["versions"] == ["3"]
+    assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert (await client.get("/v2/models/echo/versions/3")).status_code == 200
+    assert (await client.get("/v2/models/echo/versions/3/ready")).json()["ready"] is True
+    server = (await client.get("/v2")).json()
+    assert server["name"] == "modelserver" and "binary_tensor_data" in server["extensions"]
+    assert (await client.get("/openapi.json")).json()["openapi"].startswith("3.")
+
+
+async def test_infer_json_roundtrip_and_request_id(client):
+    r = await client.post(
+        "/v2/models/echo/infer", json=body(["hello world", "x"], id="abc"), headers={"X-Request-ID": "rid-1"}
+    )
+    assert r.status_code == 200
+    assert r.headers["x-request-id"] == "rid-1"
+    doc = r.json()
+    assert doc["id"] == "abc" and doc["model_version"] == "3"
+    out = {o["name"]: o for o in doc["outputs"]}
+    assert out["echo"]["data"] == ["hello world", "x"] and out["echo"]["shape"] == [2]
+    assert out["length"]["data"] == [4, 3] and out["length"]["datatype"] == "INT64"
+    r2 = await client.post("/v2/models/echo/versions/3/infer", json=body(["a"]))
+    assert r2.status_code == 200 and len(r2.headers["x-request-id"]) == 32  # generated
+
+
+async def test_requested_outputs_and_nested_data(client):
+    req = {
+        "inputs": [{"name": "text", "shape": [2, 1], "datatype": "BYTES", "data": [["a b"], ["c"]]}],
+        "outputs": [{"name": "length"}],
+    }
+    doc = (await client.post("/v2/models/echo/infer", json=req)).json()
+    assert [o["name"] for o in doc["outputs"]] == ["length"]
+    assert doc["outputs"][0]["data"] == [4, 3]
+
+
+async def test_binary_tensor_extension(client):
+    texts = [b"hello", "\u00e9t\u00e9".encode()]
+    raw = b"".join(struct.pack("<I", len(t)) + t for t in texts)
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {"name": "text", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}
+            ],
+            "outputs": [{"name": "length", "parameters": {"binary_data": True}}, {"name": "echo"}],
+        }
+    )
+    r = await client.post(
+        "/v2/models/echo/infer",
+        content=header + raw,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+    assert r.status_code == 200
+    hl = int(r.headers["inference-header-content-length"])
+    doc = orjson.loads(r.content[:hl])
+    out = {o["name"]: o for o in doc["outputs"]}
+    assert out["length"]["parameters"]["binary_data_size"] == 16
+    assert struct.unpack("<2q", r.content[hl:]) == (3, 3)
+    assert out["echo"]["data"] == ["hello", "\u00e9t\u00e9"]
+
+
+async def test_gzip_request_body(client):
+    r = await client.post(
+        "/v2/models/echo/infer",
+        content=gzip.compress(orjson.dumps(body(["zipped"]))),
+        headers={"Content-Encoding": "gzip"},
+    )
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == ["zipped"]
+
+
+BAD = [
+    ("malformed json", b"{not json", 400),
+    ("empty body", b"", 400),
+    ("not an object", b"[1,2]", 400),
+    ("no inputs", orjson.dumps({"inputs": []}), 400),
+    ("wrong datatype", orjson.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "FP32", "data": [1]}]}), 400),
+    ("shape mismatch", orjson.dumps({"inputs": [{"name": "text", "shape": [3], "datatype": "BYTES", "data": ["a"]}]}), 400),
+    ("empty batch", orjson.dumps({"inputs": [{"name": "text", "shape": [0], "datatype": "BYTES", "data": []}]}), 400),
+    ("numbers as BYTES", orjson.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [1]}]}), 400),
+    ("unknown input", orjson.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}), 400),
+    ("unknown output", orjson.dumps({**body(["a"]), "outputs": [{"name": "nope"}]}), 400),
+    ("bad priority", orjson.dumps({**body(["a"]), "parameters": {"priority": 99}}), 400),
+    ("negative timeout", orjson.dumps({**body(["a"]), "parameters": {"timeout_ms": -5}}), 400),
+    ("3-d text", orjson.dumps({"inputs": [{"name": "text", "shape": [1, 1, 1], "datatype": "BYTES", "data": ["a"]}]}), 400),
+]
+
+
+@pytest.mark.parametrize(("case", "payload", "status"), BAD, ids=[b[0] for b in BAD])
+async def test_bad_inputs_give_4xx_json_error(client, case, payload, status):
+    r = await client.post("/v2/models/echo/infer", content=payload)
+    assert r.status_code == status, r.text
+    assert isinstance(r.json()["error"], str) and r.json()["error"]
+
+
+async def test_unknown_model_version_route_method(client):
+    for path in ("/v2/models/other/infer", "/v2/models/echo/versions/9/infer"):
+        r = await client.post(path, json=body(["a"]))
+        assert r.status_code == 404 and "error" in r.json()
+    assert (await client.get("/v2/models/other")).status_code == 404
+    assert (await client.get("/nope")).json()["error"]
+    r = await client.delete("/v2/health/live")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+async def test_metrics_contract(client):
+    await client.post("/v2/models/echo/infer", json=body(["a", "b c"]))
+    await client.post("/v2/models/echo/infer", content=b"{")
+    text = (await client.get("/metrics")).text
+    lbl = 'model="echo",version="3"'
+    for needle in (
+        f'modelserver_requests_total{{code="200",{lbl}}} 1.0',
+        f'modelserver_requests_total{{code="400",{lbl}}} 1.0',
+        f"modelserver_request_duration_seconds_count{{{lbl}}} 2.0",
+        f"modelserver_queue_wait_seconds_count{{{lbl}}} 2.0",
+        f"modelserver_batch_size_count{{{lbl}}}",
+        f"modelserver_inference_duration_seconds_count{{{lbl}}}",
+        f"modelserver_queue_depth{{{lbl}}} 0.0",
+        'modelserver_rejected_total{model="echo",reason="queue_full",version="3"} 0.0',
+        f"modelserver_padding_ratio_count{{{lbl}}}",
+        "process_cpu_seconds_total",
+    ):
+        assert needle in text, needle
+
+
+async def test_cache_serves_repeats_without_the_model():
+    c, svc = await make_client("--cache-size", "16")
+    try:
+        await c.post("/v2/models/echo/infer", json=body(["same"]))
+        batches = svc.worker.batches
+        r = await c.post("/v2/models/echo/infer", json=body(["same"]))
+        assert r.json()["outputs"][0]["data"] == ["same"]
+        assert svc.worker.batches == batches and svc.cache.hits == 1
+    finally:
+        await c.aclose()
+        await svc.drain()
+
+
+async def test_failing_item_errors_alone_and_server_stays_up():
+    c, svc = await make_client("--model-uri", "noop://?fail_text=poison&delay_ms=20", "--max-queue-delay-ms", "50")
+    try:
+        reqs = [c.post("/v2/models/echo/infer", json=body([t])) for t in ("a", "poison", "b", "c")]
+        rs = await asyncio.gather(*reqs)
+        assert [r.status_code for r in rs] == [200, 500, 200, 200]
+        assert "model error" in rs[1].json()["error"]
+        assert (await c.post("/v2/models/echo/infer", json=body(["d"]))).status_code == 200
+    finally:
+        await c.aclose()
+        await svc.drain()
+
+
+async def test_too_long_input_413_names_the_limit():
+    c, svc = await make_client("--max-sequence-length", "8")
+    try:
+        r = await c.post("/v2/models/echo/infer", json=body(["fits", "w " * 50]))
+        assert r.status_code == 413
+        assert "52 tokens" in r.json()["error"] and "maximum sequence length 8" in r.json()["error"]
+        assert (await c.post("/v2/models/echo/infer", json=body(["w " * 6]))).status_code == 200
+    finally:
+        await c.aclose()
+        await svc.drain()
+
+
+async def test_queue_full_and_draining_are_503_with_retry_after():
+    c, svc = await make_client("--model-uri", "noop://?delay_ms=300", "--max-queue-size", "2", "--max-batch-size", "1")
+    try:
+        first = asyncio.ensure_future(c.post("/v2/models/echo/infer", json=body(["a", "b"])))
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            if svc.worker.batches or svc.queue.in_flight_s:
+                break
+        r = await c.post("/v2/models/echo/infer", json=body(["c", "d"]))
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+        assert "queue full" in r.json()["error"]
+        drain = asyncio.ensure_future(svc.drain())
+        await asyncio.sleep(0)
+        r = await c.post("/v2/models/echo/infer", json=body(["e"]))
+        assert r.status_code == 503 and "retry-after" in r.headers
+        assert (await c.get("/v2/health/ready")).status_code == 503
+        assert (await first).status_code == 200  # accepted before the drain: finished
+        await drain
+    finally:
+        await c.aclose()
+
+
+async def test_deadline_504_and_429():
+    c, svc = await make_client("--model-uri", "noop://?delay_ms=200", "--max-batch-size", "1")
+    try:
+        slow = asyncio.ensure_future(c.post("/v2/models/echo/infer", json=body(["a"])))
+        for _ in range(200):
+            await asyncio.sleep(0.005)
+            if svc.queue.in_flight_s:
+                break
+        # queued behind a running 200 ms batch with a 50 ms deadline: either rejected up front (429,
+        # the cost model knows the batch takes ~200 ms) or expired in the queue (504)
+        r = await c.post("/v2/models/echo/infer", json=body(["b"], parameters={"timeout_ms": 50}))
+        assert r.status_code in (429, 504), r.text
+        assert "deadline" in r.json()["error"]
+        assert (await slow).status_code == 200
+    finally:
+        await c.aclose()
+        await svc.drain()
