@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-
 from modelserver.batching import BatchingConfig, BatchQueue, CostModel, WorkItem
 
 
@@ -48,7 +47,7 @@ def make_queue(clock: FakeClock) -> Callable[..., BatchQueue]:
 
 @pytest.fixture
 def make_item(clock: FakeClock) -> Callable[..., WorkItem]:
-    def make(length: int = 10, timeout: float = 100.0, priority: int = 1, payload: object = None, **kw: object):
+    def make(length: int = 10, timeout: float = 100.0, priority: int = 1, payload: object = None, **kw):
         return WorkItem(
             payload=payload if payload is not None else length,
             length=length,

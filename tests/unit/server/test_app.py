@@ -9,7 +9,6 @@ import struct
 import httpx
 import orjson
 import pytest
-
 from modelserver.app import ModelServerApp
 from modelserver.config import load_settings
 from modelserver.loader import create_model
@@ -83,7 +82,12 @@ async def test_binary_tensor_extension(client):
     header = orjson.dumps(
         {
             "inputs": [
-                {"name": "text", "shape": [2], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}
+                {
+                    "name": "text",
+                    "shape": [2],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(raw)},
+                }
             ],
             "outputs": [{"name": "length", "parameters": {"binary_data": True}}, {"name": "echo"}],
         }
@@ -111,20 +115,26 @@ async def test_gzip_request_body(client):
     assert r.status_code == 200 and r.json()["outputs"][0]["data"] == ["zipped"]
 
 
+def one(name="text", shape=(1,), datatype="BYTES", data=("a",)):
+    return orjson.dumps(
+        {"inputs": [{"name": name, "shape": list(shape), "datatype": datatype, "data": list(data)}]}
+    )
+
+
 BAD = [
     ("malformed json", b"{not json", 400),
     ("empty body", b"", 400),
     ("not an object", b"[1,2]", 400),
     ("no inputs", orjson.dumps({"inputs": []}), 400),
-    ("wrong datatype", orjson.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "FP32", "data": [1]}]}), 400),
-    ("shape mismatch", orjson.dumps({"inputs": [{"name": "text", "shape": [3], "datatype": "BYTES", "data": ["a"]}]}), 400),
-    ("empty batch", orjson.dumps({"inputs": [{"name": "text", "shape": [0], "datatype": "BYTES", "data": []}]}), 400),
-    ("numbers as BYTES", orjson.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [1]}]}), 400),
-    ("unknown input", orjson.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "BYTES", "data": ["a"]}]}), 400),
+    ("wrong datatype", one(datatype="FP32", data=[1]), 400),
+    ("shape mismatch", one(shape=[3]), 400),
+    ("empty batch", one(shape=[0], data=[]), 400),
+    ("numbers as BYTES", one(data=[1]), 400),
+    ("unknown input", one(name="x"), 400),
     ("unknown output", orjson.dumps({**body(["a"]), "outputs": [{"name": "nope"}]}), 400),
     ("bad priority", orjson.dumps({**body(["a"]), "parameters": {"priority": 99}}), 400),
     ("negative timeout", orjson.dumps({**body(["a"]), "parameters": {"timeout_ms": -5}}), 400),
-    ("3-d text", orjson.dumps({"inputs": [{"name": "text", "shape": [1, 1, 1], "datatype": "BYTES", "data": ["a"]}]}), 400),
+    ("3-d text", one(shape=[1, 1, 1]), 400),
 ]
 
 
@@ -179,7 +189,9 @@ async def test_cache_serves_repeats_without_the_model():
 
 
 async def test_failing_item_errors_alone_and_server_stays_up():
-    c, svc = await make_client("--model-uri", "noop://?fail_text=poison&delay_ms=20", "--max-queue-delay-ms", "50")
+    c, svc = await make_client(
+        "--model-uri", "noop://?fail_text=poison&delay_ms=20", "--max-queue-delay-ms", "50"
+    )
     try:
         reqs = [c.post("/v2/models/echo/infer", json=body([t])) for t in ("a", "poison", "b", "c")]
         rs = await asyncio.gather(*reqs)
@@ -204,7 +216,9 @@ async def test_too_long_input_413_names_the_limit():
 
 
 async def test_queue_full_and_draining_are_503_with_retry_after():
-    c, svc = await make_client("--model-uri", "noop://?delay_ms=300", "--max-queue-size", "2", "--max-batch-size", "1")
+    c, svc = await make_client(
+        "--model-uri", "noop://?delay_ms=300", "--max-queue-size", "2", "--max-batch-size", "1"
+    )
     try:
         first = asyncio.ensure_future(c.post("/v2/models/echo/infer", json=body(["a", "b"])))
         for _ in range(200):

@@ -7,7 +7,6 @@ import asyncio
 import numpy as np
 import pytest
 from conftest import fixed_cost
-
 from modelserver.batching import (
     Batch,
     BatchingConfig,

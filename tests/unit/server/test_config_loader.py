@@ -9,7 +9,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from modelserver.config import ConfigError, load_settings, settings_table
 from modelserver.errors import ModelLoadError
 from modelserver.loader import _safe_extract, detect_format, dir_digest, fetch, file_sha256, verify
