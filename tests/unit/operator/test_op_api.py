@@ -6,9 +6,8 @@ import copy
 
 import pytest
 from conftest import invalid_manifests
-from pydantic import ValidationError
-
 from modeldeploy.api import ModelDeployment, ModelDeploymentSpec, parse_duration
+from pydantic import ValidationError
 
 
 def spec(**over):
@@ -33,7 +32,9 @@ def test_defaults_fill_every_section():
 
 
 def test_wire_form_is_camel_case_and_round_trips():
-    s = spec(rollout={"trafficRouting": {"mode": "gatewayAPI", "gatewayAPI": {"parentRefs": [{"name": "gw"}]}}})
+    s = spec(
+        rollout={"trafficRouting": {"mode": "gatewayAPI", "gatewayAPI": {"parentRefs": [{"name": "gw"}]}}}
+    )
     wire = s.to_api()
     assert "maxBatchSize" in wire["batching"]
     assert wire["rollout"]["trafficRouting"]["gatewayAPI"]["parentRefs"][0]["name"] == "gw"

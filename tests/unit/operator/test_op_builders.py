@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from modeldeploy import builders as b
 from modeldeploy.api import ModelDeployment
 
@@ -266,7 +265,12 @@ def test_pdb():
 
 def test_every_child_carries_the_name_label_and_an_applied_hash():
     md = make_md()
-    for obj in (deployment(md), b.build_model_service(md), b.build_revision_service(md, "r"), b.build_pdb(md)):
+    for obj in (
+        deployment(md),
+        b.build_model_service(md),
+        b.build_revision_service(md, "r"),
+        b.build_pdb(md),
+    ):
         assert obj["metadata"]["labels"]["modeldeploy.io/name"] == "minilm"
         assert len(obj["metadata"]["annotations"][b.ANNOTATION_APPLIED]) == 16
 

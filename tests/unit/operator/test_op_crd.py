@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from modeldeploy import crdgen
 
 REPO = Path(__file__).resolve().parents[3]
@@ -73,7 +72,7 @@ def test_cel_cost_is_bounded():
     """Every list and map carries maxItems/maxProperties and every string under a list a maxLength,
     so the apiserver's CEL cost estimate stays finite."""
     for path, node in walk(crdgen.crd_schema()):
-        if path in ("", ".metadata") or path.startswith(".status") and node.get("type") == "object":
+        if path in ("", ".metadata") or (path.startswith(".status") and node.get("type") == "object"):
             continue
         if node.get("type") == "array":
             assert "maxItems" in node, path
@@ -105,7 +104,10 @@ def test_cel_rules_name_their_field():
     assert "self[size(self) - 1] == 100" in texts
     for path, r in rules:
         assert r["message"], path
-        assert "fieldPath" in r or path.endswith(("steps", "buckets", "interval", "[]")) or path == "", (path, r)
+        assert "fieldPath" in r or path.endswith(("steps", "buckets", "interval", "[]")) or path == "", (
+            path,
+            r,
+        )
 
 
 def test_conditions_and_revisions_are_map_lists():

@@ -1,0 +1,213 @@
+"""The work queue (coalescing, retries, no concurrent reconcile of one key), the peering gate, the
+kopf wiring, and the CLI's status view."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from modeldeploy import cli, operator
+from modeldeploy.controller import Controller, PeeringGate
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+class Recorder:
+    def __init__(self, fail_times: int = 0) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.fail_times = fail_times
+        self.active = 0
+        self.max_active = 0
+        self.lock = threading.Lock()
+        self.release = threading.Event()
+        self.release.set()
+
+    def __call__(self, ns: str, name: str):
+        with self.lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        self.release.wait(5)
+        with self.lock:
+            self.active -= 1
+            self.calls.append((ns, name))
+            if self.fail_times > 0:
+                self.fail_times -= 1
+                raise RuntimeError("boom")
+
+
+async def drain(c: Controller, want: int, rec: Recorder) -> None:
+    for _ in range(2000):
+        if len(rec.calls) >= want and c.idle:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"only {len(rec.calls)} reconciles, wanted {want}")
+
+
+async def test_a_burst_of_events_coalesces():
+    rec = Recorder()
+    c = Controller(rec, workers=3)
+    c.start()
+    try:
+        for _ in range(50):
+            c.enqueue(("ns", "a"))
+        c.enqueue(("ns", "b"))
+        await drain(c, 2, rec)
+        assert sorted(rec.calls) == [("ns", "a"), ("ns", "b")]
+    finally:
+        await c.stop()
+
+
+async def test_an_event_during_a_reconcile_causes_exactly_one_more():
+    rec = Recorder()
+    rec.release.clear()
+    c = Controller(rec, workers=4)
+    c.start()
+    try:
+        c.enqueue(("ns", "a"))
+        while rec.active == 0:
+            await asyncio.sleep(0.001)
+        for _ in range(10):
+            c.enqueue(("ns", "a"))  # arrives while the first reconcile runs
+        rec.release.set()
+        await drain(c, 2, rec)
+        assert rec.calls == [("ns", "a"), ("ns", "a")]
+        assert rec.max_active == 1  # never two reconciles of one key at once
+    finally:
+        await c.stop()
+
+
+async def test_failures_are_retried_with_backoff():
+    rec = Recorder(fail_times=2)
+    c = Controller(rec, workers=1, max_backoff=0.01)
+    c.start()
+    try:
+        c.enqueue(("ns", "a"))
+        await drain(c, 3, rec)
+        for _ in range(100):  # the last retry timer has fired and nothing is pending
+            if not c._timers:
+                break
+            await asyncio.sleep(0.005)
+        assert rec.calls == [("ns", "a")] * 3
+        assert c._failures == {}
+    finally:
+        await c.stop()
+
+
+async def test_timed_reconciles_ask_the_peering_gate():
+    rec = Recorder()
+
+    class Closed(PeeringGate):
+        def is_active(self) -> bool:
+            return False
+
+    c = Controller(rec, workers=1, gate=Closed(None, identity="me", priority=1, peering_name="p"))
+    c.start()
+    try:
+        c.enqueue_after(("ns", "a"), 0)
+        await asyncio.sleep(0.05)
+        assert rec.calls == []
+        c.enqueue(("ns", "a"))  # a watch event: kopf only delivers those while we are active
+        await drain(c, 1, rec)
+    finally:
+        await c.stop()
+
+
+def peer(priority: int, seconds_ago: float = 1, lifetime: int = 60) -> dict:
+    return {
+        "priority": priority,
+        "lifetime": lifetime,
+        "lastseen": (NOW - timedelta(seconds=seconds_ago)).isoformat(),
+    }
+
+
+@pytest.mark.parametrize(
+    ("peers", "active"),
+    [
+        ({}, True),
+        ({"me": peer(5)}, True),
+        ({"me": peer(5), "other": peer(3)}, True),
+        ({"me": peer(5), "other": peer(9)}, False),
+        ({"me": peer(5), "other": peer(5)}, False),  # same priority: kopf pauses both
+        ({"me": peer(5), "other": peer(9, seconds_ago=120)}, True),  # the other is dead
+        ({"me": peer(5), "other": "garbage"}, True),
+    ],
+)
+def test_peering_decision(peers, active):
+    assert PeeringGate.decide(peers, "me", 5, NOW) is active
+
+
+def test_standalone_gate_is_always_active():
+    assert PeeringGate(None, identity="me", priority=1, peering_name="p", standalone=True).is_active()
+
+
+def test_kopf_settings_keep_state_under_our_prefix_and_filter_children():
+    args = operator.parse_args(["--priority", "7"])
+    s = operator.build_settings(args)
+    assert s.persistence.finalizer.startswith("modeldeploy.io/")
+    assert s.persistence.progress_storage.prefix == "modeldeploy.io"
+    assert s.peering.priority == 7 and s.peering.mandatory and not s.peering.standalone
+    assert s.posting.enabled is False
+    assert len(list(s.watching.label_selectors)) == 4
+
+
+def test_default_priority_is_random_and_positive():
+    a = operator.parse_args([]).priority
+    assert a > 0
+
+
+def test_registry_has_thin_event_handlers_and_no_finalizer():
+    reg = operator.build_registry(Controller(lambda ns, n: None))
+    handlers = reg._watching.get_all_handlers()
+    assert len(handlers) == 5  # the ModelDeployment and four kinds of children
+    assert not reg._changing.get_all_handlers()  # no change handlers: no progress or diff-base writes
+    assert not reg._spawning.get_all_handlers()  # no daemons/timers: no finalizer
+
+
+def test_cli_status_view():
+    md = {
+        "metadata": {"name": "minilm", "namespace": "ml", "generation": 2},
+        "spec": {"model": {"name": "minilm", "version": "2"}},
+        "status": {
+            "observedGeneration": 2,
+            "phase": "Progressing",
+            "ready": "1/2",
+            "revision": "bbb",
+            "stableRevision": "aaa",
+            "canaryRevision": "bbb",
+            "canaryWeight": 25,
+            "revisions": [
+                {
+                    "revision": "aaa",
+                    "role": "stable",
+                    "replicas": 2,
+                    "readyReplicas": 2,
+                    "inTrafficReplicas": 2,
+                },
+                {
+                    "revision": "bbb",
+                    "role": "canary",
+                    "replicas": 1,
+                    "unschedulableReplicas": 1,
+                    "schedulingMessage": "0/2 nodes are available: Insufficient nvidia.com/gpu",
+                },
+            ],
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "MinimumReplicasReady",
+                    "message": "2/2",
+                    "lastTransitionTime": "2026-01-01T11:59:00Z",
+                }
+            ],
+            "history": [{"revision": "aaa", "outcome": "Deployed", "time": "2026-01-01T10:00:00Z"}],
+        },
+    }
+    out = cli.render_status(md, now=NOW)
+    assert "ml/minilm" in out and "canary bbb" in out and "weight 25" in out
+    assert "Insufficient nvidia.com/gpu" in out
+    assert "MinimumReplicasReady" in out and "60s" in out
+    assert "Deployed" in out and "2h" in out
+    assert cli.build_parser().parse_args(["status", "x", "-w"]).watch

@@ -1,0 +1,352 @@
+"""The plan and one reconcile against an in-memory apiserver: create, idempotence, drift repair,
+traffic gates, a new revision, unschedulable pods, invalid specs, restarts."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from md_fakekube import FakeKube
+from modeldeploy import builders as b
+from modeldeploy.api import ModelDeployment
+from modeldeploy.plan import Observed, plan
+from modeldeploy.reconciler import Reconciler
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def tick(self, seconds: float = 10) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def world(md_body):
+    fake = FakeKube()
+    fake.put(md_body)
+    clock = Clock()
+    return fake, Reconciler(fake, clock=clock), clock  # type: ignore[arg-type]
+
+
+def md_raw(fake: FakeKube) -> dict:
+    return fake.obj("ModelDeployment", "minilm")  # type: ignore[return-value]
+
+
+def status(fake: FakeKube) -> dict:
+    return md_raw(fake).get("status") or {}
+
+
+def cond(fake: FakeKube, type_: str) -> dict:
+    return next(c for c in status(fake)["conditions"] if c["type"] == type_)
+
+
+def edit_spec(fake: FakeKube, **changes) -> None:
+    raw = md_raw(fake)
+    raw["spec"].update(changes)
+    raw["metadata"]["generation"] += 1
+
+
+def spawn_pods(fake: FakeKube, revision: str, n: int, *, ready=True, unschedulable: str | None = None):
+    """What the ReplicaSet controller, the scheduler and the kubelet would do (gate left as it is)."""
+    for i in range(n):
+        name = f"minilm-{revision}-{i}"
+        conds = (
+            [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}]
+            if unschedulable
+            else [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "ContainersReady", "status": "True" if ready else "False"},
+            ]
+        )
+        fake.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": "default",
+                    "labels": {b.LABEL_NAME: "minilm", b.LABEL_REVISION: revision},
+                },
+                "spec": {} if unschedulable else {"nodeName": "gpu-node-0"},
+                "status": {"phase": "Pending" if unschedulable else "Running", "conditions": conds},
+            }
+        )
+
+
+def kubelet_sync(fake: FakeKube) -> None:
+    """Ready = containers ready and every readiness gate True (as the kubelet/node agent computes it)."""
+    for p in fake.of_kind("Pod"):
+        conds = {c["type"]: c for c in p["status"]["conditions"]}
+        ready = (
+            conds.get("ContainersReady", {}).get("status") == "True"
+            and conds.get(b.READINESS_GATE, {}).get("status") == "True"
+        )
+        conds["Ready"] = {"type": "Ready", "status": "True" if ready else "False"}
+        p["status"]["conditions"] = list(conds.values())
+
+
+def revision(fake: FakeKube) -> str:
+    return b.spec_revision(ModelDeployment.from_api(md_raw(fake)).spec)
+
+
+def settle(fake, rec, rounds=4):
+    for _ in range(rounds):
+        rec.reconcile("default", "minilm")
+        kubelet_sync(fake)
+
+
+# ---------------------------------------------------------------------------------------------- create
+
+
+def test_first_reconcile_creates_children_and_status(world):
+    fake, rec, _ = world
+    result = rec.reconcile("default", "minilm")
+    rev = revision(fake)
+    kinds = sorted((w[1], w[2]) for w in fake.writes if w[0] == "apply")
+    assert kinds == [
+        ("Deployment", f"minilm-{rev}"),
+        ("PodDisruptionBudget", "minilm"),
+        ("Service", "minilm"),
+        ("Service", f"minilm-{rev}"),
+    ]
+    assert result.writes == 5  # four children and the status
+    st = status(fake)
+    assert st["observedGeneration"] == 1
+    assert st["stableRevision"] == rev and st["revision"] == rev
+    assert st["phase"] == "Progressing"
+    assert cond(fake, "Ready")["status"] == "False"
+    assert cond(fake, "Progressing")["reason"] == "ScalingUp"
+    assert cond(fake, "Degraded")["status"] == "False"
+    assert st["history"][0]["outcome"] == "Deployed"
+    reasons = [e["reason"] for e in fake.events]
+    assert reasons.count("Created") == 4 and "Deployed" in reasons
+    for e in fake.events:
+        assert e["involvedObject"]["kind"] == "ModelDeployment" and e["involvedObject"]["uid"] == "md-uid-1"
+
+
+def test_second_reconcile_writes_nothing(world):
+    fake, rec, clock = world
+    rec.reconcile("default", "minilm")
+    writes, events = len(fake.writes), len(fake.events)
+    clock.tick(60)
+    assert rec.reconcile("default", "minilm").writes == 0
+    assert len(fake.writes) == writes and len(fake.events) == events
+
+
+def test_pods_get_the_traffic_gate_and_become_ready(world):
+    fake, rec, clock = world
+    rec.reconcile("default", "minilm")
+    rev = revision(fake)
+    spawn_pods(fake, rev, 1)
+    clock.tick()
+    rec.reconcile("default", "minilm")
+    pod = fake.obj("Pod", f"minilm-{rev}-0")
+    gate = next(c for c in pod["status"]["conditions"] if c["type"] == b.READINESS_GATE)
+    assert gate["status"] == "True"
+    kubelet_sync(fake)
+    clock.tick()
+    rec.reconcile("default", "minilm")
+    st = status(fake)
+    assert st["phase"] == "Healthy" and st["ready"] == "1/1"
+    assert cond(fake, "Ready")["status"] == "True"
+    assert cond(fake, "Ready")["lastTransitionTime"] == "2026-01-01T00:00:20Z"
+    assert cond(fake, "Progressing")["status"] == "False"
+    (r,) = st["revisions"]
+    assert (r["role"], r["replicas"], r["readyReplicas"], r["inTrafficReplicas"]) == ("stable", 1, 1, 1)
+    # and at rest, nothing more is written, even by a brand-new operator (a restart)
+    before = len(fake.writes)
+    clock.tick(600)
+    assert rec.reconcile("default", "minilm").writes == 0
+    restarted = Reconciler(fake, clock=clock)  # type: ignore[arg-type]
+    assert restarted.reconcile("default", "minilm").writes == 0
+    assert len(fake.writes) == before
+
+
+# ---------------------------------------------------------------------------------------------- drift
+
+
+def test_edited_child_is_restored(world):
+    fake, rec, _ = world
+    rec.reconcile("default", "minilm")
+    rev = revision(fake)
+    dep = fake.obj("Deployment", f"minilm-{rev}")
+    dep["spec"]["replicas"] = 5
+    dep["spec"]["template"]["spec"]["containers"][0]["image"] = "evil:latest"
+    rec.reconcile("default", "minilm")
+    dep = fake.obj("Deployment", f"minilm-{rev}")
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "modeldeploy/modelserver:dev"
+    updated = [e for e in fake.events if e["reason"] == "Updated"]
+    assert updated and "spec.replicas" in updated[0]["message"]
+
+
+def test_deleted_child_is_recreated(world):
+    fake, rec, _ = world
+    rec.reconcile("default", "minilm")
+    fake.objects.pop(("Service", "default", "minilm"))
+    fake.objects.pop(("PodDisruptionBudget", "default", "minilm"))
+    rec.reconcile("default", "minilm")
+    assert fake.obj("Service", "minilm") is not None
+    assert fake.obj("PodDisruptionBudget", "minilm") is not None
+
+
+def test_replicas_apply_in_place(world):
+    fake, rec, _ = world
+    rec.reconcile("default", "minilm")
+    rev = revision(fake)
+    edit_spec(fake, replicas=3)
+    rec.reconcile("default", "minilm")
+    assert revision(fake) == rev
+    assert fake.obj("Deployment", f"minilm-{rev}")["spec"]["replicas"] == 3
+    assert len(fake.of_kind("Deployment")) == 1
+    assert status(fake)["observedGeneration"] == 2
+
+
+def test_objects_not_owned_are_left_alone(world):
+    fake, rec, _ = world
+    fake.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "hand-made", "namespace": "default", "labels": {b.LABEL_NAME: "minilm"}},
+            "spec": {},
+        }
+    )
+    rec.reconcile("default", "minilm")
+    assert fake.obj("Service", "hand-made") is not None
+    assert not [w for w in fake.writes if w[2] == "hand-made"]
+
+
+# ---------------------------------------------------------------------------------------------- revisions
+
+
+def test_new_revision_surges_then_replaces_the_old_one(world):
+    fake, rec, clock = world
+    rec.reconcile("default", "minilm")
+    old = revision(fake)
+    spawn_pods(fake, old, 1)
+    settle(fake, rec)
+    assert status(fake)["phase"] == "Healthy"
+
+    edit_spec(fake, model={"name": "minilm", "version": "2", "uri": "file:///models/minilm-v2"})
+    new = revision(fake)
+    assert new != old
+    clock.tick()
+    rec.reconcile("default", "minilm")
+    st = status(fake)
+    assert st["stableRevision"] == old and st["canaryRevision"] == new
+    assert st["phase"] == "Progressing"
+    assert {r["revision"]: r["role"] for r in st["revisions"]} == {old: "stable", new: "canary"}
+    assert fake.obj("Deployment", f"minilm-{old}") is not None
+    new_dep = fake.obj("Deployment", f"minilm-{new}")
+    env = {e["name"]: e["value"] for e in new_dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["MODELSERVER_MODEL_VERSION"] == "2"
+    # the old Deployment is untouched by the new revision (its pods are not restarted)
+    old_dep = fake.obj("Deployment", f"minilm-{old}")
+    assert old_dep["spec"]["template"]["spec"]["containers"][0]["env"][2]["value"] == "1"
+
+    spawn_pods(fake, new, 1)
+    clock.tick()
+    settle(fake, rec)
+    st = status(fake)
+    assert st["stableRevision"] == new and "canaryRevision" not in st
+    assert fake.obj("Deployment", f"minilm-{old}") is None
+    assert fake.obj("Service", f"minilm-{old}") is None
+    assert [h["outcome"] for h in st["history"]] == ["Deployed", "Promoted"]
+    assert {"Promoted", "Deleted"} <= {e["reason"] for e in fake.events}
+    # at rest again
+    assert rec.reconcile("default", "minilm").writes == 0
+
+
+# ---------------------------------------------------------------------------------------------- scheduling
+
+
+def test_unschedulable_pods_are_reported_with_the_scheduler_reason(world):
+    fake, rec, clock = world
+    edit_spec(fake, resources={"gpu": 16})
+    rec.reconcile("default", "minilm")
+    rev = revision(fake)
+    msg = "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, 1 node(s) didn't match selector."
+    spawn_pods(fake, rev, 1, unschedulable=msg)
+    clock.tick()
+    rec.reconcile("default", "minilm")
+    st = status(fake)
+    assert st["phase"] == "Degraded"
+    degraded = cond(fake, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "PodsUnschedulable"
+    assert msg in degraded["message"]
+    assert st["revisions"][0]["unschedulableReplicas"] == 1
+    assert st["revisions"][0]["schedulingMessage"] == msg
+    warnings = [e for e in fake.events if e["reason"] == "Unschedulable"]
+    assert len(warnings) == 1 and msg in warnings[0]["message"] and warnings[0]["type"] == "Warning"
+    clock.tick()
+    rec.reconcile("default", "minilm")
+    assert len([e for e in fake.events if e["reason"] == "Unschedulable"]) == 1
+
+
+# ---------------------------------------------------------------------------------------------- failures
+
+
+def test_invalid_spec_is_reported_not_acted_on(world):
+    fake, rec, _ = world
+    raw = md_raw(fake)
+    raw["spec"]["rollout"] = {"steps": [50, 10]}
+    rec.reconcile("default", "minilm")
+    assert fake.of_kind("Deployment") == []
+    assert status(fake)["phase"] == "Failed"
+    assert cond(fake, "Degraded")["reason"] == "InvalidSpec"
+    assert "rollout.steps" in cond(fake, "Degraded")["message"]
+    n = len(fake.writes)
+    rec.reconcile("default", "minilm")
+    assert len(fake.writes) == n
+
+
+def test_failure_is_an_event_and_degraded_status(world, monkeypatch):
+    fake, rec, _ = world
+    rec.reconcile("default", "minilm")
+
+    def broken(obj, manager, force=True):
+        raise RuntimeError("apiserver said no")
+
+    fake.objects.pop(("Service", "default", "minilm"))
+    monkeypatch.setattr(fake, "apply", broken)
+    with pytest.raises(RuntimeError):
+        rec.reconcile("default", "minilm")
+    assert [e for e in fake.events if e["reason"] == "ReconcileError"]
+    assert cond(fake, "Degraded")["reason"] == "ReconcileError"
+
+
+def test_deleted_modeldeployment_is_not_reconciled(world):
+    fake, rec, _ = world
+    fake.objects.pop(("ModelDeployment", "default", "minilm"))
+    assert rec.reconcile("default", "minilm").writes == 0
+    assert fake.writes == []
+
+
+# ---------------------------------------------------------------------------------------------- plan
+
+
+def test_plan_is_pure_and_deterministic(md_body):
+    before = copy.deepcopy(md_body)
+    md = ModelDeployment.from_api(md_body)
+    p1 = plan(md, Observed(), T0)
+    p2 = plan(md, Observed(), T0)
+    assert p1.apply == p2.apply and p1.status == p2.status and p1.events == p2.events
+    assert md_body == before
+    assert md.status.conditions == []  # the input model is not mutated either
+
+
+def test_plan_gates_pods_out_of_unknown_revisions_untouched(md_body):
+    md = ModelDeployment.from_api(md_body)
+    stray = {
+        "metadata": {"name": "x", "labels": {b.LABEL_NAME: "minilm", b.LABEL_REVISION: "gone"}},
+        "status": {"conditions": []},
+    }
+    assert plan(md, Observed(pods=[stray]), T0).pod_gates == []
