@@ -40,7 +40,7 @@ _DNS_PREFIX = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*
 LABEL_KEY_PATTERN = rf"^{_DNS_PREFIX}[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 CONDITION_TYPE_PATTERN = rf"^{_DNS_PREFIX}(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-URI_PATTERN = r"^(file|s3|gs|https?|pvc|noop)://.+$"
+URI_PATTERN = r"^(file|https?|noop)://.+$"
 
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -127,7 +127,8 @@ class ModelSpec(_Model):
         min_length=1,
         max_length=2048,
         pattern=URI_PATTERN,
-        description="Where the server loads the model from (file://, http(s)://, s3://, gs://, pvc://).",
+        description="Where the server loads the model from: file://, http(s):// or noop:// (the built-in "
+        "test model).",
     )
     format: Literal["auto", "hf", "torchscript", "export", "custom", "noop"] = Field(
         default="auto",

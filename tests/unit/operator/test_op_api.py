@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from conftest import invalid_manifests
+from md_cases import invalid_manifests
 from modeldeploy.api import ModelDeployment, ModelDeploymentSpec, parse_duration
 from pydantic import ValidationError
 
