@@ -156,7 +156,12 @@ def openapi_document(service: ModelService | None = None) -> dict[str, Any]:
             "data": {"type": "array"},
         },
     }
-    schemas = {
+    request_output = {
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}},
+    }
+    schemas: dict[str, Any] = {
         "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
         "ServerMetadata": {
             "type": "object",
@@ -202,7 +207,7 @@ def openapi_document(service: ModelService | None = None) -> dict[str, Any]:
                     "type": "object",
                     "properties": {
                         "priority": {"type": "integer", "minimum": 0},
-                        "timeout_ms": {"type": "number", "exclusiveMinimum": 0},
+                        "timeout_ms": {"type": "number", "minimum": 0, "exclusiveMinimum": True},
                         "binary_data_output": {"type": "boolean"},
                     },
                 },
@@ -225,6 +230,9 @@ def openapi_document(service: ModelService | None = None) -> dict[str, Any]:
             },
         },
     }
+    for method in ("post",):
+        for p in ("/v2/models/{model_name}/infer", "/v2/models/{model_name}/versions/{model_version}/infer"):
+            paths[p][method]["requestBody"]["content"]["application/json"]["schema"] = schemas["InferRequest"]
     return {
         "openapi": "3.0.3",
         "info": {"title": "modelserver (Open Inference Protocol v2)", "version": __version__},

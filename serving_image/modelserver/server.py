@@ -84,6 +84,7 @@ async def serve(settings: Settings) -> int:
     def on_signal(sig: int) -> None:
         nonlocal draining
         if draining is None:
+            service.begin_drain()  # at once: nothing is admitted after the signal is handled
             draining = loop.create_task(drain_then_exit())
         elif sig == signal.SIGINT:
             server.force_exit = True  # type: ignore[attr-defined]

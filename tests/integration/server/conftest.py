@@ -111,3 +111,10 @@ def reference_model():
     from sentence_transformers import SentenceTransformer
 
     return SentenceTransformer(str(minilm_dir()), device="cpu", local_files_only=True)
+
+
+@pytest.fixture(scope="session")
+def server_schema(minilm_server):
+    import schemathesis
+
+    return schemathesis.openapi.from_url(minilm_server.url + "/openapi.json")
