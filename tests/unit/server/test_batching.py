@@ -288,8 +288,8 @@ def test_wrong_result_count_is_a_failure():
 # -- worker ------------------------------------------------------------------------------------------------
 
 
-async def test_worker_runs_batches_and_drains(make_item):
-    q = BatchQueue(BatchingConfig(max_batch_size=4, max_queue_delay_s=0.001))
+async def test_worker_runs_batches_and_drains(make_item, clock):
+    q = BatchQueue(BatchingConfig(max_batch_size=4, max_queue_delay_s=0.001), clock=clock)
     sizes = []
 
     def predict(payloads):
@@ -312,8 +312,8 @@ async def test_worker_runs_batches_and_drains(make_item):
     assert max(sizes) == 4
 
 
-async def test_worker_oom_lowers_the_token_budget(make_item):
-    q = BatchQueue(BatchingConfig(max_batch_size=8, max_queue_delay_s=0.0, token_budget=10_000))
+async def test_worker_oom_lowers_the_token_budget(make_item, clock):
+    q = BatchQueue(BatchingConfig(max_batch_size=8, max_queue_delay_s=0.0, token_budget=10_000), clock=clock)
 
     def predict(payloads):
         if len(payloads) > 2:
