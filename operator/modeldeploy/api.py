@@ -79,6 +79,12 @@ class _Model(BaseModel):
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
 
 
+def _default_of(model: type[_Model]) -> dict[str, Any]:
+    """The schema default of a nested object: the whole object with its defaults (the apiserver checks
+    a default against the CEL rules as it is, without filling in nested defaults first)."""
+    return {"default": model().to_api()}
+
+
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
 Quantity = Annotated[
     int | str,
@@ -406,12 +412,12 @@ class RolloutSpec(_Model):
         ),
     )
     traffic_routing: TrafficRoutingSpec = Field(
-        default_factory=TrafficRoutingSpec, json_schema_extra={"default": {}}
+        default_factory=TrafficRoutingSpec, json_schema_extra=_default_of(TrafficRoutingSpec)
     )
-    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, json_schema_extra={"default": {}})
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, json_schema_extra=_default_of(AnalysisSpec))
     bake_time: Duration = Field(default="5m", description="Analysis keeps running this long after promotion.")
     keep_previous: KeepPreviousSpec = Field(
-        default_factory=KeepPreviousSpec, json_schema_extra={"default": {}}
+        default_factory=KeepPreviousSpec, json_schema_extra=_default_of(KeepPreviousSpec)
     )
     progress_deadline: Duration = Field(
         default="10m", description="A canary whose pods are not ready within this is aborted."
@@ -450,13 +456,15 @@ class ModelDeploymentSpec(_Model):
         description="The serving image (runs `python -m modelserver`).",
     )
     replicas: int = Field(default=1, ge=0, le=1000, description="Serving pods of the stable revision.")
-    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, json_schema_extra={"default": {}})
+    resources: ResourcesSpec = Field(
+        default_factory=ResourcesSpec, json_schema_extra=_default_of(ResourcesSpec)
+    )
     node_selector: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] = Field(
         default_factory=dict, max_length=32, description="Node labels the serving pods must match."
     )
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
-    batching: BatchingSpec = Field(default_factory=BatchingSpec, json_schema_extra={"default": {}})
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}})
+    batching: BatchingSpec = Field(default_factory=BatchingSpec, json_schema_extra=_default_of(BatchingSpec))
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra=_default_of(RolloutSpec))
 
 
 # ---------------------------------------------------------------------------------------------- status

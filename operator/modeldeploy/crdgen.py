@@ -137,7 +137,7 @@ def crd_schema() -> dict[str, Any]:
                 "rule": f"size(self.metadata.name) <= {api.MAX_NAME_LENGTH}",
                 "message": f"metadata.name must be at most {api.MAX_NAME_LENGTH} characters "
                 "(it prefixes the per-revision Service names)",
-                "reason": "FieldValueTooLong",
+                "reason": "FieldValueInvalid",
             }
         ],
     }

@@ -110,6 +110,9 @@ class Kube:
         kwargs: dict[str, Any] = {"maxsize": pool_size, "block": True, "retries": False}
         if self.host.startswith("https"):
             kwargs["cert_reqs"] = ssl.CERT_REQUIRED if verify else ssl.CERT_NONE
+            if not verify:  # the kubeconfig asked for it (insecure-skip-tls-verify); say it once
+                log.warning("TLS verification of the apiserver is off (insecure-skip-tls-verify)")
+                urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
             if ca_cert:
                 kwargs["ca_certs"] = ca_cert
             if cert_file:

@@ -7,6 +7,7 @@ from typing import Any
 
 import yaml
 from modeldeploy import crdgen
+from modeldeploy.api import ModelDeploymentSpec
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -85,7 +86,11 @@ def test_cel_cost_is_bounded():
 def test_defaults_are_present_and_valid_for_the_models():
     spec = crdgen.crd_schema()["properties"]["spec"]["properties"]
     assert spec["replicas"]["default"] == 1
-    assert spec["rollout"]["default"] == {}
+    # whole objects: the apiserver checks a default against the CEL rules without filling nested defaults
+    assert spec["rollout"]["default"]["trafficRouting"] == {"mode": "replicas"}
+    assert spec["batching"]["default"]["maxTimeoutMs"] >= spec["batching"]["default"]["defaultTimeoutMs"]
+    for name in ("resources", "batching", "rollout"):
+        assert spec[name]["default"] == ModelDeploymentSpec.model_fields[name].default_factory().to_api()
     assert spec["rollout"]["properties"]["steps"]["default"] == [5, 25, 50, 100]
     assert spec["batching"]["properties"]["buckets"]["default"] == [32, 64, 128, 256]
     assert spec["resources"]["properties"]["gpu"]["type"] == "integer"
