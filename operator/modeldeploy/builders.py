@@ -182,7 +182,7 @@ def server_env(md_name: str, spec: ModelDeploymentSpec) -> list[dict[str, str]]:
     if m.handler:
         env["MODELSERVER_HANDLER"] = m.handler
     out = [{"name": k, "value": v} for k, v in env.items()]
-    out.append({"name": "MODELSERVER_DEPLOYMENT", "value": md_name})
+    out.append({"name": "MODELDEPLOY_NAME", "value": md_name})  # for logs; not a server setting
     return out
 
 
