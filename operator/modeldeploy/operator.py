@@ -159,6 +159,11 @@ def ensure_peering(kube: k.Kube, name: str, namespaces: list[str]) -> None:
                 kube.create({"apiVersion": "kopf.dev/v1", "kind": rt.kind, "metadata": meta})
                 log.info("created %s %s", rt.kind, name)
             except k.KubeError as e:
+                if e.status == 404:
+                    raise SystemExit(
+                        f"the {rt.kind} CRD is not installed: kubectl apply -f crds/kopfpeering.yaml "
+                        "(or run with --standalone for a single replica)"
+                    ) from e
                 if e.status != 409:
                     raise
 
