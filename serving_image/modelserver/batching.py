@@ -17,9 +17,11 @@ Batch formation (``scheduler="adaptive"``), each time the worker is free:
    (priority aging: a waiting low-priority item eventually precedes every newcomer, so nothing starves),
    unless an item is about to miss its deadline, then the earliest deadline among those goes first.
 3. Compatible items are sorted by length; every window of neighbours that contains the seed, has at most
-   ``max_batch_size`` items and ``n * L <= token_budget`` is scored by estimated throughput
-   ``n / t(n, L)``. Windows inside the seed's bucket are preferred; a window crossing bucket boundaries wins
-   only when the cost model says it is clearly faster (e.g. the seed's bucket is nearly empty).
+   ``max_batch_size`` items and ``n * L <= token_budget`` is scored by its efficiency: the time its items
+   would take in ideal batches at their own lengths, divided by the estimated time ``t(n, L)`` of the padded
+   batch (so padding and small-batch overhead both cost). Windows inside the seed's bucket are preferred; a
+   window crossing bucket boundaries wins only when the cost model says it is clearly more efficient (e.g.
+   the seed's bucket is nearly empty).
 4. The batch is dispatched when it is full, when its oldest item waited ``max_queue_delay``, when the seed's
    deadline is close, or when draining; otherwise the worker waits for more arrivals.
 
@@ -458,22 +460,41 @@ class BatchQueue:
     def _window(
         self, cands: list[WorkItem], i: int, lo: int, hi: int, now: float, deadline: float
     ) -> tuple[float, int, int, bool]:
-        """Best window [a, b] in cands[lo:hi] containing i -> (score, a, b, full)."""
+        """Best window [a, b] of cands[lo:hi] (sorted by length) containing i -> (score, a, b, full).
+
+        The score is the window's efficiency: the sum of its items' ideal costs (each item's share of a full
+        batch at its own length, ``est_cost``) divided by the estimated time of the padded batch. Short items
+        riding in a batch padded to a long one lower it, as does a small batch's fixed overhead. For each
+        right end ``b`` the window grows downwards while that raises the efficiency (which is unimodal,
+        since items get shorter). ``full``: it cannot or should not grow further.
+        """
         best = (-1.0, i, i, False)
         bmax, budget = self.cfg.max_batch_size, self.budget
+        c0, c1, c2, c3 = (float(x) for x in self.cost.coef)
+        right_val = 0.0
         for b in range(i, hi):
             length = max(1, cands[b].length)
+            right_val += cands[b].est_cost
             n_max = max(1, min(bmax, budget // length))
-            if b - i + 1 > n_max:
+            n = b - i + 1
+            if n > n_max:
                 break
-            a = max(lo, b - n_max + 1)
-            n = b - a + 1
-            t = self.cost.predict(n, length)
+            per_item = c1 + length * (c2 + length * c3)
+            t = max(c0 + n * per_item, 1e-9)
             if b > i and now + t > deadline:
                 break
-            score = n / max(t, 1e-9)
+            val, a = right_val, i
+            score = val / t
+            stopped = False
+            while a > lo and n < n_max:
+                v2, t2 = val + cands[a - 1].est_cost, t + per_item
+                s2 = v2 / t2
+                if s2 < score:
+                    stopped = True
+                    break
+                a, n, val, t, score = a - 1, n + 1, v2, t2, s2
             if score > best[0]:
-                best = (score, a, b, n >= n_max)
+                best = (score, a, b, stopped or n >= n_max)
         return best
 
     def _form(self, now: float) -> tuple[list[WorkItem], int, bool]:
