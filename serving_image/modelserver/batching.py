@@ -244,7 +244,7 @@ class BucketPolicy:
         self,
         max_length: int,
         fixed: Sequence[int] | None = None,
-        window: int = 4096,
+        window: int = 1024,
         update_every: int = 256,
         min_samples: int = 64,
     ) -> None:

@@ -109,6 +109,20 @@ async def test_token_budget_limits_padded_tokens(make_queue, make_item):
     assert b.size == 4 and b.padded_tokens <= 400
 
 
+async def test_efficiency_keeps_short_items_out_of_a_long_batch(make_queue, make_item):
+    # One bucket for everything: only the efficiency score keeps the 10-token items out of the batch that is
+    # padded to 200 tokens (their ideal cost is a twentieth of their padded cost).
+    q = make_queue(max_batch_size=16, buckets=[256], max_length=256, token_budget=100_000)
+    seed, near = make_item(200), make_item(190)
+    shorts = [make_item(10) for _ in range(8)]
+    q.submit([seed, near, *shorts])
+    q.close()
+    first = await get_batch(q)
+    assert set(first.items) == {seed, near}
+    second = await get_batch(q)
+    assert set(second.items) == set(shorts) and second.padded_length == 10
+
+
 async def test_cross_bucket_window_used_when_the_cost_model_says_so(make_queue, make_item):
     # A big fixed cost per batch makes one larger batch much better than two tiny ones.
     cost = fixed_cost(c0=1.0, c2=1e-7)
