@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
-OPERATOR_UA = "modeldeploy-operator"
+OPERATOR_UAS = ("modeldeploy-operator", "kopf/")  # our REST client and kopf's own (watches, peering)
 CHILD_RESOURCES = {"deployments", "services", "poddisruptionbudgets", "pods", "modeldeployments"}
 
 
@@ -140,7 +140,7 @@ class OperatorProcess:
 
 
 class Audit:
-    """Writes by the operator (its User-Agent), from the apiserver's audit log."""
+    """Writes by the operator process (its User-Agents: ours and kopf's), from the apiserver's audit log."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -154,7 +154,7 @@ class Audit:
                 ev = json.loads(line)
             except ValueError:
                 continue
-            if ev.get("stage") != "ResponseComplete" or not ev.get("userAgent", "").startswith(OPERATOR_UA):
+            if ev.get("stage") != "ResponseComplete" or not ev.get("userAgent", "").startswith(OPERATOR_UAS):
                 continue
             ref = ev.get("objectRef") or {}
             if ref.get("resource") not in CHILD_RESOURCES:
