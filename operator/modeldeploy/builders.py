@@ -181,6 +181,9 @@ def server_env(md_name: str, spec: ModelDeploymentSpec) -> list[dict[str, str]]:
         env["MODELSERVER_MODEL_SHA256"] = m.sha256
     if m.handler:
         env["MODELSERVER_HANDLER"] = m.handler
+    # the root filesystem is read-only and nothing may come from a model hub at run time
+    env["HF_HUB_OFFLINE"] = "1"
+    env["HF_HOME"] = "/tmp/hf"
     out = [{"name": k, "value": v} for k, v in env.items()]
     out.append({"name": "MODELDEPLOY_NAME", "value": md_name})  # for logs; not a server setting
     return out

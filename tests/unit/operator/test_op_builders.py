@@ -206,6 +206,7 @@ def test_model_and_batching_settings_reach_the_server():
     assert e["MODELSERVER_MAX_TIMEOUT_MS"] == "900"
     assert container(deployment(md))["command"] == ["python", "-m", "modelserver"]
     assert "MODELSERVER_HANDLER" not in e
+    assert e["HF_HUB_OFFLINE"] == "1"  # nothing is downloaded from a hub at run time
 
 
 def test_empty_buckets_let_the_server_choose():
