@@ -297,7 +297,7 @@ class BucketPolicy:
 
 @dataclass
 class BatchingConfig:
-    max_batch_size: int = 32
+    max_batch_size: int = 64
     max_queue_delay_s: float = 0.005
     max_queue_size: int = 1024
     token_budget: int = 8192
@@ -617,7 +617,6 @@ def run_with_split(
         if len(payloads) == 1:
             if oom:
                 return [OutOfMemory("out of memory while running this input alone")]
-            log.warning("model failed on a single input: %s: %s", type(exc).__name__, exc)
             return [ItemFailed(f"model error: {type(exc).__name__}: {exc}")]
         stats.splits += 1
         mid = len(payloads) // 2
@@ -698,6 +697,8 @@ class BatchWorker:
             elif stats.splits == 0:
                 q.record(batch, seconds)
             for item, res in zip(batch.items, results, strict=True):
+                if isinstance(res, BaseException):
+                    log.warning("input failed: %s", res, extra={"request_id": item.request_id})
                 fut = item.future
                 if fut is None or fut.done():
                     continue

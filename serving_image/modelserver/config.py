@@ -99,7 +99,7 @@ class Settings:
     )
     num_threads: int = _opt(0, "torch intra-op threads on CPU (0 = torch default)", "int")
     # --- batching --------------------------------------------------------------------------
-    max_batch_size: int = _opt(32, "maximum items per batch", "int")
+    max_batch_size: int = _opt(64, "maximum items per batch", "int")
     max_queue_delay_ms: float = _opt(
         5.0, "longest time the oldest queued item waits for a batch to fill", "float"
     )

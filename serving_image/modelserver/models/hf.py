@@ -197,6 +197,13 @@ class HFModel(ServedModel):
         return feed
 
     def predict(self, payloads: list[Any]) -> Sequence[dict[str, Any]]:
+        try:
+            return self._predict(payloads)
+        except self.torch.cuda.OutOfMemoryError:
+            self.torch.cuda.empty_cache()  # release the failed batch's blocks before the split retry
+            raise
+
+    def _predict(self, payloads: list[Any]) -> Sequence[dict[str, Any]]:
         torch = self.torch
         feed = self._collate(payloads)
         with torch.inference_mode():

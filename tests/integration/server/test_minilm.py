@@ -71,7 +71,7 @@ def test_health_and_metadata_with_tritonclient(client):
     assert meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
     assert meta["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 384]}]
     assert client.get_server_metadata()["name"] == "modelserver"
-    assert client.get_model_config("minilm")["max_batch_size"] == 32
+    assert client.get_model_config("minilm")["max_batch_size"] == 64
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
