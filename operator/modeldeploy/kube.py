@@ -37,6 +37,16 @@ class KubeError(Exception):
         super().__init__(f"{method} {path}: {status} {msg}")
 
     @property
+    def namespace_terminating(self) -> bool:
+        """A create refused because the namespace is being deleted (nothing to do there any more)."""
+        if self.status != 403 or not isinstance(self.body, dict):
+            return False
+        causes = (self.body.get("details") or {}).get("causes") or []
+        return any(c.get("type") == "NamespaceTerminating" for c in causes) or (
+            "because it is being terminated" in self.message
+        )
+
+    @property
     def message(self) -> str:
         return self.body.get("message", "") if isinstance(self.body, dict) else str(self.body)
 

@@ -76,15 +76,25 @@ class Reconciler:
             return self._invalid(raw, e)
         try:
             result = self._reconcile(raw, md)
+        except k.KubeError as e:
+            if not e.namespace_terminating:
+                self._failed(raw, md, e)
+                raise
+            metrics.RECONCILES.labels(result="gone").inc()
+            log.info("%s/%s: the namespace is being deleted; nothing to do", namespace, name)
+            return Result()
         except Exception as e:
-            metrics.RECONCILES.labels(result="error").inc()
-            metrics.RECONCILE_ERRORS.labels(error=type(e).__name__).inc()
-            self._report_failure(raw, md, e)
+            self._failed(raw, md, e)
             raise
         finally:
             metrics.RECONCILE_DURATION.observe(time.monotonic() - started)
         metrics.RECONCILES.labels(result="changed" if result.writes else "unchanged").inc()
         return result
+
+    def _failed(self, raw: dict[str, Any], md: ModelDeployment, e: Exception) -> None:
+        metrics.RECONCILES.labels(result="error").inc()
+        metrics.RECONCILE_ERRORS.labels(error=type(e).__name__).inc()
+        self._report_failure(raw, md, e)
 
     def _reconcile(self, raw: dict[str, Any], md: ModelDeployment) -> Result:
         ns, name = md.namespace, md.name

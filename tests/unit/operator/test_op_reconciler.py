@@ -350,3 +350,24 @@ def test_plan_gates_pods_out_of_unknown_revisions_untouched(md_body):
         "status": {"conditions": []},
     }
     assert plan(md, Observed(pods=[stray]), T0).pod_gates == []
+
+
+def test_a_terminating_namespace_is_not_an_error(world, monkeypatch):
+    from modeldeploy.kube import KubeError
+
+    fake, rec, _ = world
+
+    def refused(obj, manager, force=True):
+        raise KubeError(
+            403,
+            {
+                "message": "unable to create new content in namespace default because it is being terminated",
+                "details": {"causes": [{"type": "NamespaceTerminating"}]},
+            },
+            "PATCH",
+            "x",
+        )
+
+    monkeypatch.setattr(fake, "apply", refused)
+    assert rec.reconcile("default", "minilm").writes == 0
+    assert not [e for e in fake.events if e["reason"] == "ReconcileError"]
