@@ -8,7 +8,7 @@ PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help venv binaries prometheus deps test test-unit test-integration test-e2e lint \
+.PHONY: help venv binaries deps test test-unit test-integration test-e2e lint \
         cluster-up cluster-down demo bench-serving bench-operator clean
 
 help:
@@ -29,13 +29,7 @@ venv: $(STAMP)
 binaries:
 	@tools/build-binaries.sh >/dev/null
 
-prometheus:
-	@command -v prometheus >/dev/null || { \
-	  echo "installing Debian's prometheus ..."; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
-	  systemctl disable --now prometheus >/dev/null 2>&1 || true; service prometheus stop >/dev/null 2>&1 || true; }
-
-deps: venv binaries prometheus
+deps: venv binaries
 
 test: deps
 	$(PYTEST) tests/unit

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds the pinned local-cluster binaries (kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubectl, etcd, kwok, helm) from the Go modules under tools/ and caches
-# them outside the repository, keyed by version and go.sum, so fresh clones reuse them.
-# Prints the cache directory on stdout. Cold build on 2 cores: tens of minutes.
+# Builds the pinned local-cluster binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
+# kubectl, etcd, kwok, helm, prometheus) from the Go modules under tools/ and caches them outside the
+# repository. Each binary is keyed by its version and a hash of its module's go.mod/go.sum and build
+# flags, so fresh clones reuse them and a change rebuilds only what it touches.
+# Prints the directory holding all of them (symlinks into the store) on stdout.
+# Cold build on 2 cores: about 15 minutes.
 set -euo pipefail
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -10,17 +12,24 @@ K8S_VERSION=v1.37.2
 ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
-key="$(cat "$here"/{k8s,etcd,kwok,helm}/go.sum "$0" | sha256sum | cut -c1-12)"
-bin="${MODELDEPLOY_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modeldeploy/bin}/k8s-${K8S_VERSION}-etcd-${ETCD_VERSION}-kwok-${KWOK_VERSION}-helm-${HELM_VERSION}-${key}"
-mkdir -p "$bin"
+PROMETHEUS_VERSION=v0.316.0   # Prometheus 3.16.0
+cache="${MODELDEPLOY_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modeldeploy}"
+store="$cache/store"
+mkdir -p "$store"
+links=()
 
-build() {  # build <module dir> <output name> <package> [ldflags]
-  local dir=$1 out=$2 pkg=$3 ldflags=${4:-}
-  [[ -x "$bin/$out" ]] && return 0
-  echo "building $out ($pkg) ..." >&2
+build() {  # build <module dir> <output name> <version> <package> [ldflags]
+  local dir=$1 out=$2 version=$3 pkg=$4 ldflags=${5:-}
+  local flags="-trimpath -tags selinux,notest -ldflags=-s -w $ldflags"
+  local key
+  key="$( (cat "$here/$dir/go.mod" "$here/$dir/go.sum"; echo "$pkg $flags") | sha256sum | cut -c1-12)"
+  local target="$store/$out-$version-$key"
+  links+=("$out=$target")
+  [[ -x "$target" ]] && return 0
+  echo "building $out $version ($pkg) ..." >&2
   local start=$SECONDS
-  (cd "$here/$dir" && go build -trimpath -tags selinux,notest -ldflags "-s -w $ldflags" -o "$bin/$out.tmp" "$pkg")
-  mv "$bin/$out.tmp" "$bin/$out"
+  (cd "$here/$dir" && go build -trimpath -tags selinux,notest -ldflags "-s -w $ldflags" -o "$target.tmp" "$pkg")
+  mv "$target.tmp" "$target"
   echo "built $out in $((SECONDS - start))s" >&2
 }
 
@@ -29,18 +38,33 @@ kv=""
 for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kv+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
 done
-build etcd etcd go.etcd.io/etcd/server/v3
-build k8s kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$kv"
-build k8s kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$kv"
-build k8s kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$kv"
-build k8s kubectl k8s.io/kubernetes/cmd/kubectl "$kv"
-build kwok kwok sigs.k8s.io/kwok/cmd/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
-build helm helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+pm="${PROMETHEUS_VERSION#v0.}"; pm="${pm%%.*}"; pv="${pm:0:1}.${pm:1}.${PROMETHEUS_VERSION##*.}"
+build etcd etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3
+build k8s kube-apiserver "$K8S_VERSION" k8s.io/kubernetes/cmd/kube-apiserver "$kv"
+build k8s kube-controller-manager "$K8S_VERSION" k8s.io/kubernetes/cmd/kube-controller-manager "$kv"
+build k8s kube-scheduler "$K8S_VERSION" k8s.io/kubernetes/cmd/kube-scheduler "$kv"
+build k8s kubectl "$K8S_VERSION" k8s.io/kubernetes/cmd/kubectl "$kv"
+build kwok kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+build helm helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
+  "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+build prometheus prometheus "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/prometheus \
+  "-X github.com/prometheus/common/version.Version=$pv -X github.com/prometheus/common/version.Branch=HEAD"
 
 # kwok needs Stage documents; copy the ones its module ships.
-stages="$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
-if [[ ! -d "$bin/kwok-stages" ]]; then
-  mkdir -p "$bin/kwok-stages.tmp" && cp -r "$stages"/. "$bin/kwok-stages.tmp/" && chmod -R u+w "$bin/kwok-stages.tmp"
-  mv "$bin/kwok-stages.tmp" "$bin/kwok-stages"
+kwok_stages="$store/kwok-stages-$KWOK_VERSION"
+if [[ ! -d "$kwok_stages" ]]; then
+  src="$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
+  rm -rf "$kwok_stages.tmp" && mkdir -p "$kwok_stages.tmp" && cp -r "$src"/. "$kwok_stages.tmp/"
+  chmod -R u+w "$kwok_stages.tmp" && mv "$kwok_stages.tmp" "$kwok_stages"
+fi
+links+=("kwok-stages=$kwok_stages")
+
+# One directory per combination of binaries, holding symlinks.
+combo="$(printf '%s\n' "${links[@]}" | sha256sum | cut -c1-12)"
+bin="$cache/bin/$combo"
+if [[ ! -d "$bin" ]]; then
+  mkdir -p "$bin.tmp"
+  for l in "${links[@]}"; do ln -sfn "${l#*=}" "$bin.tmp/${l%%=*}"; done
+  rm -rf "$bin" && mv "$bin.tmp" "$bin"
 fi
 echo "$bin"

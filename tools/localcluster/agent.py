@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import ipaddress
 import json
 import logging
 import os
@@ -36,8 +35,8 @@ import httpx
 import yaml
 
 from . import images
-from .config import AGENT_POD_CIDR
 from .kubeapi import KubeAPI, KubeError
+from .podnet import PodNetwork
 from .podstatus import ContainerState, PodState, desired_status, status_differs
 from .probes import ProbeTracker, run_probe
 
@@ -52,14 +51,15 @@ def now_rfc3339() -> str:
 
 
 class IPPool:
-    def __init__(self, cidr: str = AGENT_POD_CIDR) -> None:
-        self._hosts = ipaddress.ip_network(cidr).hosts()
-        self._free: list[str] = []
+    def __init__(self, addresses: list[str]) -> None:
+        self._free = list(addresses)
         self._lock = threading.Lock()
 
     def take(self) -> str:
         with self._lock:
-            return self._free.pop(0) if self._free else str(next(self._hosts))
+            if not self._free:
+                raise RuntimeError("pod network exhausted")
+            return self._free.pop(0)
 
     def give_back(self, ip: str) -> None:
         with self._lock:
@@ -106,6 +106,7 @@ class PodRunner:
         self.ns: str = pod["metadata"]["namespace"]
         self.name: str = pod["metadata"]["name"]
         self.ip = agent.ips.take()
+        agent.net.add_pod_ip(self.ip)
         self.dir = agent.state_dir / "pods" / f"{self.ns}_{self.name}_{self.uid[:8]}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.containers = [ContainerRunner(c) for c in pod["spec"]["containers"]]
@@ -222,7 +223,10 @@ class PodRunner:
             "clusters": [
                 {
                     "name": "in-cluster",
-                    "cluster": {"server": self.agent.api.server, "certificate-authority": self.agent.ca_file},
+                    "cluster": {
+                        "server": self.agent.server_for_pods,
+                        "certificate-authority": self.agent.ca_file,
+                    },
                 }
             ],
             "users": [{"name": sa, "user": {"token": token}}],
@@ -243,7 +247,7 @@ class PodRunner:
         logf = open(self.dir / f"{c.spec['name']}.log", "ab")  # noqa: SIM115 - owned by the child
         try:
             c.proc = subprocess.Popen(
-                c.argv,
+                [*self.agent.net.exec_prefix(), *c.argv],
                 env=self._env(c.spec),
                 cwd=c.spec.get("workingDir") or self.dir,
                 stdin=subprocess.DEVNULL,
@@ -301,7 +305,10 @@ class PodRunner:
         try:
             if "exec" in hook:
                 subprocess.run(
-                    hook["exec"]["command"], env=self._env(c.spec), timeout=budget_s, capture_output=True
+                    [*self.agent.net.exec_prefix(), *hook["exec"]["command"]],
+                    env=self._env(c.spec),
+                    timeout=budget_s,
+                    capture_output=True,
                 )
             elif "httpGet" in hook:
                 h = hook["httpGet"]
@@ -342,7 +349,7 @@ class PodRunner:
                     continue
                 env: dict[str, str] = {}
                 if not c.state.started and c.startup.due(now):
-                    ok = run_probe(c.startup.probe or {}, c.spec, self.ip, env)
+                    ok = run_probe(c.startup.probe or {}, c.spec, self.ip, env, self.agent.net.exec_prefix())
                     if c.startup.record(ok, now):
                         c.state.started = True
                     elif c.startup.failures >= int((c.startup.probe or {}).get("failureThreshold", 3)):
@@ -352,13 +359,18 @@ class PodRunner:
                 if not c.state.started:
                     continue
                 if c.liveness.due(now) and not c.liveness.record(
-                    run_probe(c.liveness.probe or {}, c.spec, self.ip, env), now
+                    run_probe(c.liveness.probe or {}, c.spec, self.ip, env, self.agent.net.exec_prefix()), now
                 ):
                     log.warning("%s/%s liveness probe failed; restarting", self.ns, self.name)
                     self._restart(c)
                     continue
                 if c.readiness.due(now):
-                    c.readiness.record(run_probe(c.readiness.probe or {}, c.spec, self.ip, env), now)
+                    c.readiness.record(
+                        run_probe(
+                            c.readiness.probe or {}, c.spec, self.ip, env, self.agent.net.exec_prefix()
+                        ),
+                        now,
+                    )
                 c.state.ready = c.readiness.result
                 if c.state.ready:
                     c.backoff = 1.0
@@ -423,13 +435,16 @@ class PodRunner:
 
 
 class NodeAgent:
-    def __init__(self, kubeconfig: Path, state_dir: Path) -> None:
+    def __init__(self, kubeconfig: Path, state_dir: Path, net: PodNetwork) -> None:
         self.api = KubeAPI(kubeconfig)
+        self.net = net
+        port = self.api.server.rsplit(":", 1)[1]
+        self.server_for_pods = f"https://{net.host_ip}:{port}"
         self.ca_file = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"][
             "certificate-authority"
         ]
         self.state_dir = state_dir
-        self.ips = IPPool()
+        self.ips = IPPool(net.pod_ips())
         self.procs = ProcessRegistry(state_dir / "procs")
         self.runners: dict[str, PodRunner] = {}
         self._lock = threading.Lock()
@@ -439,6 +454,7 @@ class NodeAgent:
         with self._lock:
             if self.runners.get(runner.uid) is runner:
                 del self.runners[runner.uid]
+        self.net.remove_pod_ip(runner.ip)
         self.ips.give_back(runner.ip)
 
     def handle(self, event_type: str, pod: dict[str, Any]) -> None:
@@ -509,11 +525,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="localcluster agent")
     p.add_argument("--kubeconfig", type=Path, required=True)
     p.add_argument("--state-dir", type=Path, required=True)
+    p.add_argument("--pod-network", type=int, required=True, help="index of the cluster's PodNetwork")
     args = p.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
     )
-    agent = NodeAgent(args.kubeconfig, args.state_dir)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    agent = NodeAgent(args.kubeconfig, args.state_dir, PodNetwork(args.pod_network))
 
     def _stop(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping pods", signum)

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from . import config
+from . import config, podnet
 from .kubeapi import KubeAPI
 from .pki import CertificateAuthority, KeyPair, service_account_keys
 from .state import REPO_ROOT, ClusterRecord, Layout, ProcessRecord
@@ -152,9 +153,13 @@ def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True) -> Cluste
     names = ("etcd", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok", "prometheus")
     rec.ports = {n: free_port() for n in names}
     rec.save()
+    net = podnet.choose(podnet.used_indices())
+    net.create()
+    rec.pod_network_index = net.index
+    rec.save()
     starter = _Starter(layout, rec)
     try:
-        _bring_up(starter, layout, rec, bin_dir, timeout, audit)
+        _bring_up(starter, layout, rec, bin_dir, net, timeout, audit)
     except BaseException:
         down(state_dir, keep_logs_on_error=True)
         raise
@@ -162,7 +167,13 @@ def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True) -> Cluste
 
 
 def _bring_up(
-    starter: _Starter, layout: Layout, rec: ClusterRecord, bin_dir: Path, timeout: float, audit: bool
+    starter: _Starter,
+    layout: Layout,
+    rec: ClusterRecord,
+    bin_dir: Path,
+    net: podnet.PodNetwork,
+    timeout: float,
+    audit: bool,
 ) -> None:
     ports = rec.ports
     deadline = time.monotonic() + timeout
@@ -174,7 +185,7 @@ def _bring_up(
     serving = ca.issue(
         "apiserver",
         "kube-apiserver",
-        server_ips=("127.0.0.1", "127.96.0.1"),
+        server_ips=("127.0.0.1", "127.96.0.1", net.host_ip),
         server_dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
         client=False,
     )
@@ -220,7 +231,9 @@ def _bring_up(
         ),
     )
     admin_pair = KeyPair(layout.pki / "admin.crt", layout.pki / "admin.key")
-    with httpx.Client(verify=str(ca.pair.cert), cert=(str(admin_pair.cert), str(admin_pair.key))) as c:
+    ctx = ssl.create_default_context(cafile=str(ca.pair.cert))
+    ctx.load_cert_chain(str(admin_pair.cert), str(admin_pair.key))
+    with httpx.Client(verify=ctx) as c:
         starter.wait_for(
             "kube-apiserver", lambda: c.get(f"{server}/readyz", timeout=2).status_code == 200, left()
         )
@@ -270,7 +283,11 @@ def _bring_up(
     starter.start(
         "kwok",
         config.kwok_args(
-            bin_dir, kubeconfig_path=admin, config_files=[stage_file], server_port=ports["kwok"]
+            bin_dir,
+            kubeconfig_path=admin,
+            config_files=[stage_file],
+            server_port=ports["kwok"],
+            pod_cidr=net.kwok_cidr,
         ),
     )
     starter.start(
@@ -284,20 +301,28 @@ def _bring_up(
             str(admin),
             "--state-dir",
             str(layout.agent_dir),
+            "--pod-network",
+            str(net.index),
         ],
     )
 
     prom_cfg = layout.prometheus_dir / "prometheus.yml"
     prom_cfg.write_text(
-        yaml.safe_dump(config.prometheus_config(apiserver=server, ca=ca.pair.cert, client=prom_pair))
+        yaml.safe_dump(
+            config.prometheus_config(
+                apiserver=server, ca=ca.pair.cert, client=prom_pair, pod_cidr=net.agent_cidr
+            )
+        )
     )
     starter.start(
         "prometheus",
         config.prometheus_args(
-            config=prom_cfg, data_dir=layout.prometheus_dir / "data", port=ports["prometheus"]
+            bin_dir, config=prom_cfg, data_dir=layout.prometheus_dir / "data", port=ports["prometheus"]
         ),
     )
     rec.prometheus_url = f"http://127.0.0.1:{ports['prometheus']}"
+    rec.prometheus_url_pods = f"http://{net.host_ip}:{ports['prometheus']}"
+    rec.apiserver_url_pods = f"https://{net.host_ip}:{ports['apiserver']}"
     rec.save()
 
     for node in config.default_nodes():
@@ -336,14 +361,20 @@ def _bring_up(
     api.close()
 
 
-def _stop_pid(pid: int, timeout: float) -> None:
+def _signal(pid: int, sig: int) -> None:
+    """Signal the process group led by ``pid`` (all we start lead one), and ``pid`` itself."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
+        os.killpg(pid, sig)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _stop_pid(pid: int, timeout: float) -> None:
+    _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and _alive(pid):
         time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+    _signal(pid, signal.SIGKILL)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and _alive(pid):
         time.sleep(0.05)
@@ -364,6 +395,11 @@ def down(state_dir: Path, *, keep_logs_on_error: bool = False) -> None:
         }
         for p in sorted(rec.processes, key=lambda p: order.get(p.name, -1)):
             _stop_pid(p.pid, timeout=15 if p.name == "node-agent" else 10)
+    if rec is not None and rec.pod_network_index:
+        net = podnet.PodNetwork(rec.pod_network_index)
+        for pid in net.pids():
+            _stop_pid(pid, timeout=5)
+        net.destroy()
     procs_dir = Layout(state_dir).agent_dir / "procs"
     if procs_dir.is_dir():
         for f in procs_dir.iterdir():

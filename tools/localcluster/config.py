@@ -4,6 +4,9 @@ and the Prometheus configuration. Nothing here starts a process or touches the n
 from __future__ import annotations
 
 import copy
+import ipaddress
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +14,9 @@ import yaml
 
 from .pki import KeyPair
 
-# Pod IPs of simulated (kwok) pods and of process-run pods, and Service ClusterIPs, all stay on
-# loopback so nothing ever sends traffic off this machine.
-KWOK_POD_CIDR = "127.128.0.0/16"
+# Service ClusterIPs stay on loopback (nothing listens there; clients use EndpointSlices). Pod IPs
+# live in the cluster's own network namespace (see podnet), since EndpointSlices refuse loopback.
 SERVICE_CIDR = "127.96.0.0/16"
-AGENT_POD_CIDR = "127.64.0.0/16"
 NODE_IP = "127.0.0.1"
 
 GPU_NODE = "gpu-node-0"
@@ -75,8 +76,10 @@ def apiserver_args(
     args = [
         str(bin_dir / "kube-apiserver"),
         f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-        "--bind-address=127.0.0.1",
+        # All addresses: host clients use 127.0.0.1, pods in the pod network use its host end.
+        "--bind-address=0.0.0.0",
         "--advertise-address=127.0.0.1",
+        "--endpoint-reconciler-type=none",  # the reconciler refuses loopback advertise addresses
         f"--secure-port={secure_port}",
         f"--tls-cert-file={serving.cert}",
         f"--tls-private-key-file={serving.key}",
@@ -129,7 +132,7 @@ def controller_manager_args(
         f"--cluster-signing-cert-file={ca.cert}",
         f"--cluster-signing-key-file={ca.key}",
         "--use-service-account-credentials=true",
-        "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle",
+        "--controllers=*",
         "--leader-elect=false",
         "--concurrent-deployment-syncs=10",
         "--concurrent-replicaset-syncs=10",
@@ -154,14 +157,14 @@ def scheduler_args(bin_dir: Path, *, kubeconfig_path: Path, port: int) -> list[s
 
 
 def kwok_args(
-    bin_dir: Path, *, kubeconfig_path: Path, config_files: list[Path], server_port: int
+    bin_dir: Path, *, kubeconfig_path: Path, config_files: list[Path], server_port: int, pod_cidr: str
 ) -> list[str]:
     args = [
         str(bin_dir / "kwok"),
         f"--kubeconfig={kubeconfig_path}",
         "--manage-all-nodes=false",
         "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-        f"--cidr={KWOK_POD_CIDR}",
+        f"--cidr={pod_cidr}",
         f"--node-ip={NODE_IP}",
         f"--server-address=127.0.0.1:{server_port}",
         "--node-lease-duration-seconds=40",
@@ -170,12 +173,12 @@ def kwok_args(
     return args
 
 
-def prometheus_args(*, config: Path, data_dir: Path, port: int) -> list[str]:
+def prometheus_args(bin_dir: Path, *, config: Path, data_dir: Path, port: int) -> list[str]:
     return [
-        "prometheus",
+        str(bin_dir / "prometheus"),
         f"--config.file={config}",
         f"--storage.tsdb.path={data_dir}",
-        f"--web.listen-address=127.0.0.1:{port}",
+        f"--web.listen-address=0.0.0.0:{port}",  # host clients and pods (via the pod network's host end)
         "--storage.tsdb.retention.time=2h",
         "--web.enable-lifecycle",
         "--log.level=warn",
@@ -183,12 +186,17 @@ def prometheus_args(*, config: Path, data_dir: Path, port: int) -> list[str]:
 
 
 def prometheus_config(
-    *, apiserver: str, ca: Path, client: KeyPair, scrape_interval: str = "1s"
+    *, apiserver: str, ca: Path, client: KeyPair, pod_cidr: str, scrape_interval: str = "1s"
 ) -> dict[str, Any]:
     """Scrape pods that carry the usual ``prometheus.io/*`` annotations, discovered from the apiserver.
 
-    Only pods with a loopback IP are kept: simulated pods never get scraped off-machine.
+    Only pods with an IP in ``pod_cidr`` (the process-run pods' /24) are kept: simulated pods have no
+    process behind them and are never scraped.
     """
+    net = ipaddress.ip_network(pod_cidr)
+    if net.prefixlen != 24:
+        raise ValueError(f"pod_cidr must be a /24, got {pod_cidr}")
+    ip_regex = re.escape(str(net.network_address).rsplit(".", 1)[0] + ".") + r"\d+"
     k8s_tls = {"ca_file": str(ca), "cert_file": str(client.cert), "key_file": str(client.key)}
     return {
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
@@ -206,7 +214,7 @@ def prometheus_config(
                     {
                         "source_labels": ["__meta_kubernetes_pod_ip"],
                         "action": "keep",
-                        "regex": r"127\..*",
+                        "regex": ip_regex,
                     },
                     {
                         "source_labels": ["__meta_kubernetes_pod_phase"],
@@ -269,7 +277,7 @@ def default_nodes() -> list[dict[str, Any]]:
 
 def _not_agent_pod() -> dict[str, Any]:
     return {
-        "key": f'[.spec.containers.[].image | test("{AGENT_IMAGE_PATTERN}")] | any',
+        "key": f"[.spec.containers.[].image | test({json.dumps(AGENT_IMAGE_PATTERN)})] | any",
         "operator": "NotIn",
         "values": ["true"],
     }

@@ -8,6 +8,7 @@ dependency on them and full control over patch types and watches.
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,20 +33,12 @@ class KubeAPI:
         user = next(u["user"] for u in cfg["users"] if u["name"] == ctx["user"])
         self.server = cluster["server"]
         headers = {}
-        cert: tuple[str, str] | None = None
+        self._ssl = ssl.create_default_context(cafile=cluster["certificate-authority"])
         if "token" in user:
             headers["Authorization"] = f"Bearer {user['token']}"
         else:
-            cert = (user["client-certificate"], user["client-key"])
-        self._client = httpx.Client(
-            base_url=self.server,
-            verify=cluster["certificate-authority"],
-            cert=cert,
-            headers=headers,
-            timeout=timeout,
-        )
-        self._stream_cert = cert
-        self._ca = cluster["certificate-authority"]
+            self._ssl.load_cert_chain(user["client-certificate"], user["client-key"])
+        self._client = httpx.Client(base_url=self.server, verify=self._ssl, headers=headers, timeout=timeout)
         self._headers = headers
 
     def close(self) -> None:
@@ -93,8 +86,7 @@ class KubeAPI:
         with (
             httpx.Client(
                 base_url=self.server,
-                verify=self._ca,
-                cert=self._stream_cert,
+                verify=self._ssl,
                 headers=self._headers,
                 timeout=httpx.Timeout(timeout_s + 10, connect=10),
             ) as c,

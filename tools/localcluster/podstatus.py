@@ -119,8 +119,8 @@ def status_differs(pod: dict[str, Any], desired: dict[str, Any]) -> bool:
                     return True
         elif key == "containerStatuses":
             strip = ("lastState", "state", "ready", "started", "restartCount", "containerID")
-            mine = [{k: s.get(k) for k in strip} for s in value]
-            theirs = [{k: s.get(k) for k in strip} for s in live.get("containerStatuses") or []]
+            mine = [{k: s.get(k) or None for k in strip} for s in value]
+            theirs = [{k: s.get(k) or None for k in strip} for s in live.get("containerStatuses") or []]
             if mine != theirs:
                 return True
         elif live.get(key) != value:

@@ -21,7 +21,13 @@ def _port(container: dict[str, Any], port: int | str) -> int:
     raise ValueError(f"container {container['name']!r} has no port named {port!r}")
 
 
-def run_probe(probe: dict[str, Any], container: dict[str, Any], pod_ip: str, env: dict[str, str]) -> bool:
+def run_probe(
+    probe: dict[str, Any],
+    container: dict[str, Any],
+    pod_ip: str,
+    env: dict[str, str],
+    exec_prefix: list[str] = [],  # noqa: B006 - never mutated
+) -> bool:
     timeout = float(probe.get("timeoutSeconds", 1))
     try:
         if "httpGet" in probe:
@@ -37,7 +43,10 @@ def run_probe(probe: dict[str, Any], container: dict[str, Any], pod_ip: str, env
                 return True
         if "exec" in probe:
             res = subprocess.run(
-                probe["exec"]["command"], env={**os.environ, **env}, timeout=timeout, capture_output=True
+                [*exec_prefix, *probe["exec"]["command"]],
+                env={**os.environ, **env},
+                timeout=timeout,
+                capture_output=True,
             )
             return res.returncode == 0
     except (OSError, httpx.HTTPError, subprocess.TimeoutExpired, ValueError):

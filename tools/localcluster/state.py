@@ -38,6 +38,10 @@ class ClusterRecord:
     processes: list[ProcessRecord] = field(default_factory=list)
     prometheus_url: str = ""
     apiserver_url: str = ""
+    pod_network_index: int = 0  # 0: none created yet
+    # The same endpoints as seen from inside the pod network (for pods such as the operator).
+    apiserver_url_pods: str = ""
+    prometheus_url_pods: str = ""
 
     @property
     def path(self) -> Path:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import pytest
 
 from .cluster import Cluster, binaries_dir, down, up
@@ -40,7 +41,7 @@ def wait_for(predicate: Callable[[], T], *, timeout: float = 60, interval: float
             value = predicate()
             if value:
                 return value
-        except (KubeError, OSError, KeyError, IndexError) as exc:
+        except (KubeError, OSError, KeyError, IndexError, httpx.HTTPError) as exc:
             last_exc = exc
         if time.monotonic() >= deadline:
             raise WaitTimeout(

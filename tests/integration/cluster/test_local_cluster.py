@@ -3,6 +3,7 @@ controllers, process-run pods with real readiness, EndpointSlices and Prometheus
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import time
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from localcluster import cluster as lc
+from localcluster import podnet
 from localcluster.config import CPU_NODE, GPU_NODE
 from localcluster.testing import Kube, wait_for
 
@@ -36,7 +38,7 @@ def deployment(
     }
 
 
-def testapp_pod(
+def make_testapp_pod(
     name: str, *, args: list[str] = (), gates: list[str] = (), port: int = 8080
 ) -> dict[str, Any]:  # type: ignore[assignment]
     return {
@@ -74,6 +76,12 @@ def service(name: str, port: int = 8080) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"selector": {"app": name}, "ports": [{"port": port, "targetPort": port}]},
     }
+
+
+def _net_index(kube: Kube) -> int:
+    rec = lc.ClusterRecord.load(kube.cluster.state_dir)
+    assert rec is not None
+    return rec.pod_network_index
 
 
 def pod_condition(pod: dict[str, Any], ctype: str) -> str | None:
@@ -123,8 +131,9 @@ def test_gpu_deployment_is_scheduled_on_the_gpu_node_through_a_replicaset(kube: 
         what="simulated pods running",
     )
     assert running
+    kwok_net = ipaddress.ip_network(podnet.PodNetwork(_net_index(kube)).kwok_cidr)
     for p in kube.pods(namespace, "app=one-gpu"):
-        assert p["status"]["podIP"].startswith("127.")
+        assert ipaddress.ip_address(p["status"]["podIP"]) in kwok_net
 
 
 def test_cpu_deployment_may_land_anywhere_but_nine_gpus_never_fit(kube: Kube, namespace: str) -> None:
@@ -170,7 +179,7 @@ def test_mapped_image_pod_is_a_real_process_with_probe_driven_endpoints(
     unready.touch()
     gate = "modeldeploy.io/in-traffic"
     kube.apply(service("web"), namespace)
-    kube.apply(testapp_pod("web", args=["--unready-file", str(unready)], gates=[gate]), namespace)
+    kube.apply(make_testapp_pod("web", args=["--unready-file", str(unready)], gates=[gate]), namespace)
     path = f"/api/v1/namespaces/{namespace}/pods/web"
     pod = wait_for(
         lambda: (
@@ -179,7 +188,7 @@ def test_mapped_image_pod_is_a_real_process_with_probe_driven_endpoints(
         what="pod running",
     )
     ip = pod["status"]["podIP"]
-    assert ip.startswith("127.64.")
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(podnet.PodNetwork(_net_index(kube)).agent_cidr)
     pid = container_pid(pod)
     assert pid_alive(pid)
     # The process answers on its pod IP ...
@@ -219,7 +228,7 @@ def test_mapped_image_pod_is_a_real_process_with_probe_driven_endpoints(
 
 
 def test_crashed_container_is_restarted_and_counted(kube: Kube, namespace: str) -> None:
-    kube.apply(testapp_pod("crashy", args=["--exit-after", "1.5"]), namespace)
+    kube.apply(make_testapp_pod("crashy", args=["--exit-after", "1.5"]), namespace)
     path = f"/api/v1/namespaces/{namespace}/pods/crashy"
     pod = wait_for(
         lambda: (
@@ -235,7 +244,7 @@ def test_crashed_container_is_restarted_and_counted(kube: Kube, namespace: str) 
 
 
 def test_prometheus_discovers_and_scrapes_a_process_pod(kube: Kube, namespace: str) -> None:
-    kube.apply(testapp_pod("scraped"), namespace)
+    kube.apply(make_testapp_pod("scraped"), namespace)
     prom = kube.cluster.prometheus_url
 
     def sample() -> list[Any]:
@@ -245,7 +254,13 @@ def test_prometheus_discovers_and_scrapes_a_process_pod(kube: Kube, namespace: s
         )
         return r.json()["data"]["result"]
 
-    result = wait_for(sample, timeout=60, what="a Prometheus sample for the pod")
+    try:
+        result = wait_for(sample, timeout=60, what="a Prometheus sample for the pod")
+    except AssertionError:
+        targets = httpx.get(f"{prom}/api/v1/targets").json()["data"]["activeTargets"]
+        seen = [(t["labels"].get("pod"), t["health"], t["lastError"]) for t in targets]
+        pod = kube.get(f"/api/v1/namespaces/{namespace}/pods/scraped")
+        raise AssertionError(f"targets: {seen}; pod status: {(pod or {}).get('status')}") from None
     assert result[0]["metric"]["app"] == "scraped"
 
 

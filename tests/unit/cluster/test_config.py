@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
 
 import yaml
-from localcluster import config
+from localcluster import config, podnet
 from localcluster.pki import KeyPair
 
 
@@ -21,31 +22,49 @@ def test_default_nodes_are_one_gpu_node_with_8_gpus_and_one_cpu_node() -> None:
         assert n["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
 
 
-def test_every_address_range_is_loopback() -> None:
-    for cidr in (config.KWOK_POD_CIDR, config.SERVICE_CIDR, config.AGENT_POD_CIDR):
-        assert ipaddress.ip_network(cidr).is_loopback, cidr
+def test_services_and_nodes_stay_on_loopback() -> None:
+    assert ipaddress.ip_network(config.SERVICE_CIDR).is_loopback
     assert ipaddress.ip_address(config.NODE_IP).is_loopback
 
 
-def test_apiserver_binds_loopback_with_rbac_and_service_account_keys(tmp_path: Path) -> None:
+def test_pod_networks_are_distinct_routable_slash24s_and_skip_used_indices() -> None:
+    a = podnet.choose(set())
+    b = podnet.choose({a.index})
+    assert a.index != b.index
+    for net in (a, b):
+        agent, kwok = ipaddress.ip_network(net.agent_cidr), ipaddress.ip_network(net.kwok_cidr)
+        assert agent.prefixlen == kwok.prefixlen == 24 and not agent.overlaps(kwok)
+        assert not agent.is_loopback and not agent.is_link_local  # EndpointSlices refuse those
+        assert net.host_ip == str(agent[1]) and net.host_ip not in net.pod_ips()
+        assert ipaddress.ip_address(net.anchor_ip) in agent and net.anchor_ip not in net.pod_ips()
+        assert all(ipaddress.ip_address(ip) in agent for ip in net.pod_ips())
+    assert not ipaddress.ip_network(a.agent_cidr).overlaps(ipaddress.ip_network(b.agent_cidr))
+    assert a.netns != b.netns and a.host_if != b.host_if
+
+
+def test_apiserver_serves_host_and_pod_network_with_rbac_and_service_account_keys(tmp_path: Path) -> None:
     pair = KeyPair(tmp_path / "c", tmp_path / "k")
     args = config.apiserver_args(tmp_path, etcd_port=1, secure_port=2, ca=pair, serving=pair, sa=pair)
-    assert "--bind-address=127.0.0.1" in args
+    assert "--bind-address=0.0.0.0" in args  # reachable from the pod network's host end too
     assert "--authorization-mode=RBAC" in args
     assert any(a.startswith("--service-account-signing-key-file=") for a in args)
     assert f"--service-cluster-ip-range={config.SERVICE_CIDR}" in args
 
 
-def test_prometheus_keeps_only_annotated_loopback_pods(tmp_path: Path) -> None:
+def test_prometheus_keeps_only_annotated_process_pods(tmp_path: Path) -> None:
     pair = KeyPair(tmp_path / "c", tmp_path / "k")
-    cfg = config.prometheus_config(apiserver="https://127.0.0.1:1", ca=tmp_path / "ca", client=pair)
+    cfg = config.prometheus_config(
+        apiserver="https://127.0.0.1:1", ca=tmp_path / "ca", client=pair, pod_cidr="10.244.3.0/24"
+    )
     job = cfg["scrape_configs"][0]
     assert job["kubernetes_sd_configs"][0]["role"] == "pod"
     keeps = {
         tuple(r["source_labels"]): r["regex"] for r in job["relabel_configs"] if r.get("action") == "keep"
     }
     assert keeps[("__meta_kubernetes_pod_annotation_prometheus_io_scrape",)] == "true"
-    assert keeps[("__meta_kubernetes_pod_ip",)].startswith(r"127\.")
+    ip_re = re.compile(keeps[("__meta_kubernetes_pod_ip",)])
+    assert ip_re.fullmatch("10.244.3.17") and not ip_re.fullmatch("10.245.3.17")
+    assert not ip_re.fullmatch("10.244.30.1")
     interval = cfg["global"]["scrape_interval"]
     assert interval.endswith("s") and float(interval[:-1]) <= 2
 

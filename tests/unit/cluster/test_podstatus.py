@@ -87,3 +87,12 @@ def test_probe_tracker_counts_thresholds_and_honours_delay_and_period() -> None:
     assert t.record(True, 107.0) is True
     assert t.record(False, 109.0) is True  # one failure of two
     assert t.record(False, 111.0) is False
+
+
+def test_empty_last_state_from_the_apiserver_is_no_change() -> None:
+    pod = _pod()
+    want = desired_status(pod, _state(ready=True), "now")
+    live = dict(want)
+    live["containerStatuses"] = [{**want["containerStatuses"][0], "lastState": {}}]
+    pod["status"] = live
+    assert not status_differs(pod, want)

@@ -1,0 +1,146 @@
+"""The pod network: a network namespace of the cluster's own, so pods get real, routable pod IPs.
+
+Kubernetes refuses loopback addresses in EndpointSlices, so pods cannot live on 127.0.0.0/8. Each
+cluster instead makes one network namespace joined to the host by a veth pair:
+
+* ``10.244.N.0/24`` — process-run pods: each pod IP is added to the namespace's end of the veth and the
+  pod's processes run inside the namespace (``ip netns exec``), bound to their IP;
+* ``10.245.N.0/24`` — kwok's simulated pods: routed into the same namespace, where nothing answers, so
+  even a stray connection never leaves this machine.
+
+The host end (``10.244.N.1``) is how pods reach the apiserver and Prometheus; it is the only address
+outside the namespace that pods can reach. ``N`` is chosen free at start.
+Needs root and iproute2.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+_BASE_AGENT = ipaddress.ip_network("10.244.0.0/16")
+_BASE_KWOK = ipaddress.ip_network("10.245.0.0/16")
+
+
+class PodNetworkError(RuntimeError):
+    pass
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    try:
+        res = subprocess.run(["ip", *args], capture_output=True, text=True)
+    except FileNotFoundError as exc:
+        raise PodNetworkError("the `ip` command (iproute2) is needed for the pod network") from exc
+    if check and res.returncode != 0:
+        raise PodNetworkError(f"ip {' '.join(args)} failed: {res.stderr.strip()}")
+    return res
+
+
+@dataclass(frozen=True)
+class PodNetwork:
+    index: int
+
+    @property
+    def netns(self) -> str:
+        return f"modeldeploy-{self.index}"
+
+    @property
+    def host_if(self) -> str:
+        return f"mdh{self.index}"
+
+    @property
+    def pod_if(self) -> str:
+        return f"mdp{self.index}"
+
+    @property
+    def agent_cidr(self) -> str:
+        return str(list(_BASE_AGENT.subnets(new_prefix=24))[self.index])
+
+    @property
+    def kwok_cidr(self) -> str:
+        return str(list(_BASE_KWOK.subnets(new_prefix=24))[self.index])
+
+    @property
+    def host_ip(self) -> str:
+        return str(ipaddress.ip_network(self.agent_cidr)[1])
+
+    @property
+    def anchor_ip(self) -> str:
+        """A permanent address on the namespace's end: routes vanish with a device's last address."""
+        return str(ipaddress.ip_network(self.agent_cidr)[254])
+
+    def pod_ips(self) -> list[str]:
+        """Addresses handed to pods, in order (the host end ``.1`` and the anchor ``.254`` excluded)."""
+        return [str(h) for h in ipaddress.ip_network(self.agent_cidr).hosts()][1:-1]
+
+    def exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.netns]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    # ----- I/O ------------------------------------------------------------------------------------
+    def create(self) -> None:
+        _ip("netns", "add", self.netns)
+        try:
+            _ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.pod_if)
+            _ip("link", "set", self.pod_if, "netns", self.netns)
+            _ip("addr", "add", f"{self.host_ip}/24", "dev", self.host_if)
+            _ip("link", "set", self.host_if, "up")
+            _ip("route", "add", self.kwok_cidr, "dev", self.host_if)
+            _ip("-n", self.netns, "link", "set", "lo", "up")
+            _ip("-n", self.netns, "link", "set", self.pod_if, "up")
+            _ip("-n", self.netns, "addr", "add", f"{self.anchor_ip}/32", "dev", self.pod_if)
+            # Only the host end is reachable from pods: no default route, so nothing leaves the machine.
+            _ip("-n", self.netns, "route", "add", f"{self.host_ip}/32", "dev", self.pod_if)
+            # `ip netns exec` bind-mounts this over /etc/resolv.conf: no outside name server, so name
+            # lookups in pods fail at once instead of timing out against an unreachable resolver.
+            self.etc_dir.mkdir(parents=True, exist_ok=True)
+            (self.etc_dir / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        except (PodNetworkError, OSError):
+            self.destroy()
+            raise
+
+    def add_pod_ip(self, ip: str) -> None:
+        _ip("-n", self.netns, "addr", "add", f"{ip}/32", "dev", self.pod_if)
+
+    def remove_pod_ip(self, ip: str) -> None:
+        _ip("-n", self.netns, "addr", "del", f"{ip}/32", "dev", self.pod_if, check=False)
+
+    def pids(self) -> list[int]:
+        res = _ip("netns", "pids", self.netns, check=False)
+        return [int(p) for p in res.stdout.split() if p.isdigit()]
+
+    @property
+    def etc_dir(self) -> Path:
+        return Path("/etc/netns") / self.netns
+
+    def destroy(self) -> None:
+        _ip("link", "del", self.host_if, check=False)
+        _ip("netns", "del", self.netns, check=False)
+        shutil.rmtree(self.etc_dir, ignore_errors=True)
+
+
+def used_indices() -> set[int]:
+    """Indices already taken by a namespace or interface (of any cluster on this machine)."""
+    used: set[int] = set()
+    names = _ip("netns", "list", check=False).stdout.split()
+    names += _ip("-o", "link", "show", check=False).stdout.replace(":", " ").split()
+    for n in names:
+        for prefix in ("modeldeploy-", "mdh", "mdp"):
+            tail = n.split("@", 1)[0].removeprefix(prefix)
+            if n.startswith(prefix) and tail.isdigit():
+                used.add(int(tail))
+    return used
+
+
+def choose(used: set[int]) -> PodNetwork:
+    """The first free network (pure: ``used`` comes from :func:`used_indices`)."""
+    for i in range(1, 250):
+        if i not in used:
+            return PodNetwork(i)
+    raise PodNetworkError("no free pod network index (1..249): stale namespaces? see `ip netns list`")
