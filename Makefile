@@ -8,7 +8,7 @@ PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help venv binaries deps test test-unit test-integration test-e2e lint \
+.PHONY: help venv binaries iproute2 deps test test-unit test-integration test-e2e lint \
         cluster-up cluster-down demo bench-serving bench-operator clean
 
 help:
@@ -29,7 +29,11 @@ venv: $(STAMP)
 binaries:
 	@tools/build-binaries.sh >/dev/null
 
-deps: venv binaries
+iproute2:
+	@command -v ip >/dev/null || { echo "installing Debian's iproute2 (the pod network needs ip netns) ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
+
+deps: venv binaries iproute2
 
 test: deps
 	$(PYTEST) tests/unit

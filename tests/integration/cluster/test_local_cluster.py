@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -287,7 +288,11 @@ def test_up_and_down_twice_leave_no_process_and_no_port(tmp_path: Path) -> None:
         pids = [p.pid for p in rec.processes]
         ports = list(rec.ports.values())
         assert c.kubeconfig.exists() and (state / "prometheus-url").read_text().strip() == c.prometheus_url
+        net = podnet.PodNetwork(rec.pod_network_index)
+        assert net.netns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         lc.down(state)
         assert not state.exists()
+        assert net.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert not net.etc_dir.exists()
         assert [p for p in pids if pid_alive(p)] == []
         assert [p for p in ports if not _port_free(p)] == []
