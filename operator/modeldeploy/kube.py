@@ -38,8 +38,12 @@ class KubeError(Exception):
 
     @property
     def namespace_terminating(self) -> bool:
-        """A create refused because the namespace is being deleted (nothing to do there any more)."""
-        if self.status != 403 or not isinstance(self.body, dict):
+        """A write refused because the namespace is being deleted or gone (nothing to do there)."""
+        if not isinstance(self.body, dict):
+            return False
+        if self.status == 404:
+            return (self.body.get("details") or {}).get("kind") == "namespaces"
+        if self.status != 403:
             return False
         causes = (self.body.get("details") or {}).get("causes") or []
         return any(c.get("type") == "NamespaceTerminating" for c in causes) or (

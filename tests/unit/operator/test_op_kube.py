@@ -111,3 +111,15 @@ def test_errors_carry_status_and_message(client):
     assert Handler.seen[-1]["content_type"] == "application/merge-patch+json"
     assert client.delete(k.DEPLOYMENT, "ns", "gone", uid="u") is False
     assert Handler.seen[-1]["body"]["preconditions"] == {"uid": "u"}
+
+
+def test_namespace_gone_or_terminating():
+    gone = k.KubeError(
+        404, {"message": 'namespaces "t" not found', "details": {"kind": "namespaces"}}, "PATCH", "/"
+    )
+    term = k.KubeError(
+        403, {"message": "x", "details": {"causes": [{"type": "NamespaceTerminating"}]}}, "PATCH", "/"
+    )
+    other = k.KubeError(404, {"message": "not found", "details": {"kind": "deployments"}}, "PATCH", "/")
+    assert gone.namespace_terminating and term.namespace_terminating
+    assert not other.namespace_terminating
