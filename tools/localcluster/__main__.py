@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,15 +46,9 @@ def _cmd_status(state_dir: Path) -> int:
 
 
 def _cmd_demo(state_dir: Path) -> int:
-    from .cluster import binaries_dir, up
+    from .demo import run
 
-    cluster = up(state_dir)
-    kubectl = str(binaries_dir() / "kubectl")
-    print(f"kubeconfig: {cluster.kubeconfig}\nprometheus: {cluster.prometheus_url}\n")
-    demo = Path(__file__).resolve().parents[2] / "tools" / "demo.sh"
-    if demo.exists():
-        return subprocess.call(["bash", str(demo), kubectl, str(cluster.kubeconfig), cluster.prometheus_url])
-    return subprocess.call([kubectl, "--kubeconfig", str(cluster.kubeconfig), "get", "nodes", "-o", "wide"])
+    return run(state_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
