@@ -223,5 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.verbose:
         logging.getLogger("kopf").setLevel(logging.WARNING)
         logging.getLogger("kopf.activities.probe").setLevel(logging.WARNING)
+        # pausing/resuming in favour of another replica is worth a line
+        logging.getLogger("kopf._core.engines.peering").setLevel(logging.INFO)
     asyncio.run(run(args))
     return 0

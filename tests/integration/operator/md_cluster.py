@@ -63,8 +63,9 @@ def noop_md(name: str, **spec: Any) -> dict[str, Any]:
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, log_path: Path) -> None:
+    def __init__(self, kubeconfig: Path, log_path: Path, priority: int = 100) -> None:
         self.kubeconfig = kubeconfig
+        self.priority = priority
         self.log_path = log_path
         self.metrics_port = free_port()
         self.health_port = free_port()
@@ -77,7 +78,7 @@ class OperatorProcess:
             "MODELDEPLOY_BIND_HOST": "127.0.0.1",
             "MODELDEPLOY_METRICS_PORT": str(self.metrics_port),
             "MODELDEPLOY_HEALTH_PORT": str(self.health_port),
-            "MODELDEPLOY_PRIORITY": "100",
+            "MODELDEPLOY_PRIORITY": str(self.priority),
             "MODELDEPLOY_PEERING_LIFETIME": "10",
         }
         log = self.log_path.open("ab")

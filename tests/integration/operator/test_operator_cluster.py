@@ -6,6 +6,7 @@ cannot get GPUs are reported with the scheduler's reason."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -273,3 +274,42 @@ def test_unschedulable_pods_are_reported(kube, operator, namespace):
     assert rev["unschedulableReplicas"] == 1 and "nvidia.com/gpu" in rev["schedulingMessage"]
     ev = [e for e in events(kube, namespace, "greedy") if e["reason"] == "Unschedulable"]
     assert ev and ev[0]["type"] == "Warning" and "Insufficient nvidia.com/gpu" in ev[0]["message"]
+
+
+def test_two_replicas_never_both_act(kube, operator: OperatorProcess, namespace, tmp_path):
+    """kopf peering: a replica of higher priority takes over, the other pauses; it resumes when alone."""
+    wait_ready_noop(kube, operator, namespace, "peers")
+    (dep,) = children(kube, namespace, "peers")["deployments"]
+    dpath = f"/apis/apps/v1/namespaces/{namespace}/deployments/{dep['metadata']['name']}"
+
+    def applies(op: OperatorProcess) -> float:
+        return op.metric("modeldeploy_writes_total", kind="Deployment", verb="apply")
+
+    def scale_and_wait_restored() -> None:
+        kube.kubectl("scale", "-n", namespace, f"deployment/{dep['metadata']['name']}", "--replicas=4")
+        wait_for(lambda: kube.get(dpath)["spec"]["replicas"] == 1, timeout=60, what="replicas restored")
+
+    pauses = operator.log_tail(10_000).count("Pausing operations")
+    second = OperatorProcess(Path(kube.kubeconfig), tmp_path / "second.log", priority=200)
+    second.start()
+    try:
+        wait_for(second.healthy, timeout=60, what="second operator up")
+        peering = "/apis/kopf.dev/v1/clusterkopfpeerings/modeldeploy"
+        wait_for(
+            lambda: len((kube.get(peering) or {}).get("status") or {}) >= 2, timeout=60, what="two peers"
+        )
+        wait_for(
+            lambda: operator.log_tail(10_000).count("Pausing operations") > pauses,
+            timeout=60,
+            what="the first replica pauses",
+        )
+        first_before = applies(operator)
+        scale_and_wait_restored()
+        assert applies(second) >= 1
+        assert applies(operator) == first_before, "the paused replica acted"
+    finally:
+        second.stop()
+        sys.stderr.write(f"\n--- second operator log ---\n{second.log_tail(40)}\n")
+    first_before = applies(operator)
+    scale_and_wait_restored()
+    assert applies(operator) == first_before + 1
