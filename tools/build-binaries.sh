@@ -13,6 +13,7 @@ ETCD_VERSION=v3.6.16
 KWOK_VERSION=v0.8.0
 HELM_VERSION=v3.22.0
 PROMETHEUS_VERSION=v0.316.0   # Prometheus 3.16.0
+GATEWAY_API_VERSION=v1.6.3
 cache="${MODELDEPLOY_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modeldeploy}"
 store="$cache/store"
 mkdir -p "$store"
@@ -58,6 +59,17 @@ if [[ ! -d "$kwok_stages" ]]; then
   chmod -R u+w "$kwok_stages.tmp" && mv "$kwok_stages.tmp" "$kwok_stages"
 fi
 links+=("kwok-stages=$kwok_stages")
+
+# The Gateway API's standard-channel CRDs, installed into the local cluster.
+gateway_crds="$store/gateway-api-crds-$GATEWAY_API_VERSION"
+if [[ ! -d "$gateway_crds" ]]; then
+  src="$(cd "$here/gateway-api" && go list -m -f '{{.Dir}}' sigs.k8s.io/gateway-api)/config/crd/standard"
+  rm -rf "$gateway_crds.tmp" && mkdir -p "$gateway_crds.tmp"
+  cp "$src"/gateway.networking.k8s.io_*.yaml "$gateway_crds.tmp/"
+  rm -f "$gateway_crds.tmp"/*_vap_*.yaml   # a ValidatingAdmissionPolicy, not a CRD
+  chmod -R u+w "$gateway_crds.tmp" && mv "$gateway_crds.tmp" "$gateway_crds"
+fi
+links+=("gateway-api-crds=$gateway_crds")
 
 # One directory per combination of binaries, holding symlinks.
 combo="$(printf '%s\n' "${links[@]}" | sha256sum | cut -c1-12)"

@@ -327,6 +327,18 @@ def _bring_up(
 
     for node in config.default_nodes():
         api.create("/api/v1/nodes", node)
+    crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    for f in sorted((bin_dir / "gateway-api-crds").glob("*.yaml")):
+        for doc in yaml.safe_load_all(f.read_text()):
+            if doc and doc.get("kind") == "CustomResourceDefinition":
+                api.create(crd_path, doc)
+
+    def gateway_api_established() -> bool:
+        crd = api.get(f"{crd_path}/httproutes.gateway.networking.k8s.io") or {}
+        return any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in (crd.get("status") or {}).get("conditions") or []
+        )
 
     def nodes_ready() -> bool:
         items = (api.get("/api/v1/nodes") or {}).get("items", [])
@@ -354,6 +366,7 @@ def _bring_up(
         ),
         left(),
     )
+    starter.wait_for("kube-apiserver", gateway_api_established, left())
     starter.wait_for(
         "prometheus", lambda: httpx.get(f"{rec.prometheus_url}/-/ready", timeout=1).status_code == 200, left()
     )

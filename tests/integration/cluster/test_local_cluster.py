@@ -4,6 +4,7 @@ controllers, process-run pods with real readiness, EndpointSlices and Prometheus
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import socket
 import subprocess
@@ -296,3 +297,22 @@ def test_up_and_down_twice_leave_no_process_and_no_port(tmp_path: Path) -> None:
         assert not net.etc_dir.exists()
         assert [p for p in pids if pid_alive(p)] == []
         assert [p for p in ports if not _port_free(p)] == []
+
+
+def test_gateway_api_crds_are_installed_and_validate_httproute_weights(kube: Kube, namespace: str) -> None:
+    def route(weight: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": {"name": "split", "namespace": namespace},
+            "spec": {
+                "parentRefs": [{"name": "gw"}],
+                "rules": [{"backendRefs": [{"name": "a", "port": 8080, "weight": weight}]}],
+            },
+        }
+
+    kube.apply(route(95), namespace)
+    stored = kube.get(f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes/split") or {}
+    assert stored["spec"]["rules"][0]["backendRefs"][0]["weight"] == 95
+    res = kube.kubectl("apply", "-f", "-", input=json.dumps(route(-1)), check=False)
+    assert res.returncode != 0 and "weight" in res.stderr
