@@ -1,0 +1,121 @@
+{{/* Names and labels. */}}
+{{- define "modeldeploy.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "modeldeploy.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "modeldeploy.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "modeldeploy.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "modeldeploy.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "modeldeploy.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "modeldeploy.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "modeldeploy.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: modeldeploy
+{{- end -}}
+
+{{- define "modeldeploy.image" -}}
+{{- printf "%s:%s" .Values.image.repository (toString .Values.image.tag) -}}
+{{- end -}}
+
+{{/* The peering object's name: the release's, so two releases never share one. */}}
+{{- define "modeldeploy.peeringName" -}}
+{{- include "modeldeploy.fullname" . -}}
+{{- end -}}
+
+{{/* Checks that no schema can express. */}}
+{{- define "modeldeploy.validate" -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.operator.peering.enabled) -}}
+{{- fail "replicaCount > 1 needs operator.peering.enabled: without peering every replica would act" -}}
+{{- end -}}
+{{- if ne (len .Values.watchNamespaces) (len (uniq .Values.watchNamespaces)) -}}
+{{- fail "watchNamespaces has duplicates" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Rules the operator needs inside every namespace it watches (a ClusterRole in cluster mode, a Role per
+watched namespace in namespaced mode). Derived from operator/modeldeploy (reconciler.py, operator.py,
+controller.py, kube.py) and from kopf's watches; nothing else is called. No Secrets, ConfigMaps, exec.
+*/}}
+{{- define "modeldeploy.namespacedRules" -}}
+# ModelDeployments: kopf lists and watches them (@kopf.on.event); the reconciler GETs each one.
+- apiGroups: [modeldeploy.io]
+  resources: [modeldeployments]
+  verbs: [get, list, watch]
+# Status: the reconciler merge-patches .status (with resourceVersion). Nothing else is written on them:
+# only event handlers, so kopf adds no finalizer, progress or diff-base annotations.
+- apiGroups: [modeldeploy.io]
+  resources: [modeldeployments/status]
+  verbs: [patch]
+# Children, one Deployment per revision: kopf watches them (label-filtered), the reconciler lists them,
+# server-side applies them (a PATCH that may create: both create and patch) and deletes old revisions.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [list, watch, create, patch, delete]
+# Children: the model's Service and per-revision Services; same calls as Deployments.
+- apiGroups: [""]
+  resources: [services]
+  verbs: [list, watch, create, patch, delete]
+# Children: the model's PodDisruptionBudget; same calls as Deployments.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [list, watch, create, patch, delete]
+# Serving pods: watched and listed for readiness, per-revision counts and scheduling failures.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
+# The modeldeploy.io/in-traffic readiness gate: a strategic-merge patch of the pod's status conditions.
+- apiGroups: [""]
+  resources: [pods/status]
+  verbs: [patch]
+# Events about ModelDeployments, posted by the reconciler (core/v1 only; kopf's event posting is off).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- if .Values.rbac.gatewayAPI }}
+# Gateway API traffic routing (rollout.trafficRouting.mode gatewayAPI): the operator owns HTTPRoute
+# weights of its ModelDeployments.
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [list, watch, create, patch, delete]
+{{- end }}
+{{- end -}}
+
+{{/* kopf's peering object: kopf watches it and patches its status (keep-alives); the operator's peering
+gate GETs it. The chart creates it, so there is no create. */}}
+{{- define "modeldeploy.peeringRule" -}}
+- apiGroups: [kopf.dev]
+  resources: [{{ .resource }}]
+  resourceNames: [{{ .name | quote }}]
+  verbs: [get, patch]
+# list/watch cannot be limited by resourceNames in RBAC unless the request names the object: kopf's
+# watch is on the whole collection.
+- apiGroups: [kopf.dev]
+  resources: [{{ .resource }}]
+  verbs: [list, watch]
+{{- end -}}
