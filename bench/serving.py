@@ -128,53 +128,58 @@ def request_bodies(texts: list[str], seed: int) -> list[tuple[bytes, int]]:
 # -- (1) the limit ------------------------------------------------------------------------------------------
 
 
-def measure_limit(workloads: dict[str, list[str]], subset: dict[str, int]) -> dict[str, Any]:
-    """In-process, length-sorted batches over a fixed random subset of each workload (tokenisation included,
-    as in the server); sweep thread count x batch size and keep the best."""
-    import torch
-    from modelserver.models.hf import HFModel
+class Limit:
+    """Configuration (1): the model in-process on length-sorted batches of a fixed random subset of each
+    workload (tokenisation included, as in the server)."""
 
-    model = HFModel(minilm_dir())
-    model.load()
-    out: dict[str, Any] = {"sweep": {}, "subset_items": subset}
-    rng = np.random.default_rng(11)
-    samples = {
-        wl: [texts[i] for i in rng.choice(len(texts), subset[wl], replace=False)]
-        for wl, texts in workloads.items()
-    }
-    sizes = (4, 8, 16, 32, 64)
+    SIZES = (4, 8, 16, 32, 64)
 
-    def one_pass(texts: list[str], bs: int) -> float:
+    def __init__(self, workloads: dict[str, list[str]], subset: dict[str, int]) -> None:
+        from modelserver.models.hf import HFModel
+
+        self.model = HFModel(minilm_dir())
+        self.model.load()
+        rng = np.random.default_rng(11)
+        self.samples = {
+            wl: [texts[i] for i in rng.choice(len(texts), subset[wl], replace=False)]
+            for wl, texts in workloads.items()
+        }
+        self.threads = 1
+        self.batch_size: dict[str, int] = {}
+
+    def one_pass(self, wl: str, bs: int, n: int | None = None) -> float:
+        texts = self.samples[wl][:n]
         t0 = time.perf_counter()
-        prepared = model.preprocess({"text": np.array(texts, dtype=object)})
+        prepared = self.model.preprocess({"text": np.array(texts, dtype=object)})
         payloads = sorted((p.payload for p in prepared), key=len)
         for i in range(0, len(payloads), bs):
-            model.predict(payloads[i : i + bs])
+            self.model.predict(payloads[i : i + bs])
         return len(texts) / (time.perf_counter() - t0)
 
-    max_threads = max(1, min(2, os.cpu_count() or 1))
-    best: dict[int, dict[str, tuple[float, int]]] = {}
-    for threads in range(1, max_threads + 1):
-        torch.set_num_threads(threads)
-        one_pass(samples["short"][:64], 16)  # warm
-        best[threads] = {}
-        for wl, texts in samples.items():
-            for bs in sizes:
-                ips = one_pass(texts, bs)
-                out["sweep"][f"{wl}/threads={threads}/bs={bs}"] = round(ips, 1)
-                log(f"limit {wl} threads={threads} bs={bs}: {ips:.1f} items/s")
-                if ips > best[threads].get(wl, (0.0, 0))[0]:
-                    best[threads][wl] = (ips, bs)
-    # one thread count for every configuration: the best summed over workloads (relative to the best)
-    top = {wl: max(best[t][wl][0] for t in best) for wl in samples}
-    threads = max(best, key=lambda t: sum(best[t][wl][0] / top[wl] for wl in samples))
-    out["threads"] = threads
-    for wl in samples:
-        ips, bs = best[threads][wl]
-        out[wl] = {"items_per_s": round(ips, 1), "batch_size": bs}
-        log(f"limit {wl}: {ips:.1f} items/s at batch size {bs}, {threads} thread(s)")
-    torch.set_num_threads(max_threads)
-    return out
+    def sweep(self, fraction: float) -> dict[str, float]:
+        """Thread count x batch size on part of each subset; keeps one thread count for every
+        configuration (the best summed over workloads) and the best batch size per workload."""
+        import torch
+
+        out: dict[str, float] = {}
+        best: dict[int, dict[str, tuple[float, int]]] = {}
+        for threads in range(1, max(1, min(2, os.cpu_count() or 1)) + 1):
+            torch.set_num_threads(threads)
+            self.one_pass("short", 16, 64)  # warm
+            best[threads] = {}
+            for wl in self.samples:
+                n = max(32, int(len(self.samples[wl]) * fraction))
+                for bs in self.SIZES:
+                    ips = self.one_pass(wl, bs, n)
+                    out[f"{wl}/threads={threads}/bs={bs}"] = round(ips, 1)
+                    log(f"limit sweep {wl} threads={threads} bs={bs}: {ips:.1f} items/s")
+                    if ips > best[threads].get(wl, (0.0, 0))[0]:
+                        best[threads][wl] = (ips, bs)
+        top = {wl: max(best[t][wl][0] for t in best) for wl in self.samples}
+        self.threads = max(best, key=lambda t: sum(best[t][wl][0] / top[wl] for wl in self.samples))
+        self.batch_size = {wl: best[self.threads][wl][1] for wl in self.samples}
+        torch.set_num_threads(self.threads)
+        return out
 
 
 # -- servers ------------------------------------------------------------------------------------------------
@@ -275,37 +280,59 @@ def padding_ratio(port: int) -> float | None:
     return round(vals.get("modelserver_padding_ratio_sum", 0.0) / c, 3) if c else None
 
 
-def run_server_config(
-    name: str,
-    args: list[str],
+def median(xs: list[float]) -> float:
+    return float(np.median(xs)) if xs else float("nan")
+
+
+def run_rounds(
+    limit: Limit,
+    servers: dict[str, Proc],
     bodies: dict[str, list[tuple[bytes, int]]],
     durations: dict[str, float],
     warmup_s: float,
-    log_dir: Path,
-    poisson_of: dict[str, Any] | None = None,
+    rounds: int,
 ) -> dict[str, Any]:
-    proc = Proc(args, name, log_dir)
-    out: dict[str, Any] = {}
-    try:
-        t0 = time.monotonic()
-        proc.wait_ready()
-        out["startup_s"] = round(time.monotonic() - t0, 1)
-        for wl, reqs in bodies.items():
-            r = asyncio.run(closed_loop(HOST, proc.port, reqs, CONCURRENCY, warmup_s, durations[wl]))
-            out[wl] = summarize(r)
-            if name != "naive":
-                out[wl]["padding_ratio_mean_so_far"] = padding_ratio(proc.port)
-                out[wl]["server_stats"] = server_stats(proc.port)
-            log(f"{name} {wl}: {r.items_per_s:.1f} items/s (errors {r.errors})")
-            if poisson_of is not None:
-                rate = 0.7 * r.items_per_s
-                pr = asyncio.run(open_loop(HOST, proc.port, reqs, rate, durations[wl], warmup_s=2.0))
-                poisson_of[wl] = {"rate_per_s": round(rate, 1), **summarize(pr)}
-                p50, p99 = pr.pct(50) * 1000, pr.pct(99) * 1000
-                log(f"{name} {wl} Poisson at {rate:.1f}/s: p50 {p50:.1f} ms p99 {p99:.1f} ms")
-    finally:
-        proc.stop()
-    return out
+    """Interleave the configurations in rounds (rotating their order) so that the machine's background load
+    hits all of them alike; report medians over the rounds."""
+    configs = ["limit", *servers]
+    results: dict[str, Any] = {cfg: {} for cfg in configs}
+    results["poisson"] = {}
+    for wl, reqs in bodies.items():
+        samples: dict[str, list[float]] = {cfg: [] for cfg in configs}
+        last: dict[str, LoadResult] = {}
+        for r in range(rounds):
+            for cfg in configs[r % len(configs) :] + configs[: r % len(configs)]:
+                if cfg == "limit":
+                    ips = limit.one_pass(wl, limit.batch_size[wl])
+                else:
+                    port = servers[cfg].port
+                    res = asyncio.run(closed_loop(HOST, port, reqs, CONCURRENCY, warmup_s, durations[wl]))
+                    ips, last[cfg] = res.items_per_s, res
+                    if res.errors:
+                        log(f"{cfg} {wl}: errors {res.errors}")
+                samples[cfg].append(round(ips, 1))
+                log(f"round {r + 1} {wl} {cfg}: {ips:.1f} items/s")
+        for cfg in configs:
+            entry: dict[str, Any] = {"items_per_s": round(median(samples[cfg]), 1), "rounds": samples[cfg]}
+            if cfg == "limit":
+                entry["batch_size"] = limit.batch_size[wl]
+            else:
+                lr = last[cfg]
+                entry |= {
+                    "p50_ms_last_round": round(lr.pct(50) * 1000, 1),
+                    "p99_ms_last_round": round(lr.pct(99) * 1000, 1),
+                    "errors_last_round": {str(k): v for k, v in lr.errors.items()},
+                }
+                if cfg != "naive":
+                    entry["padding_ratio_mean_so_far"] = padding_ratio(servers[cfg].port)
+                    entry["server_stats"] = server_stats(servers[cfg].port)
+            results[cfg][wl] = entry
+        rate = 0.7 * results["adaptive"][wl]["items_per_s"]
+        pr = asyncio.run(open_loop(HOST, servers["adaptive"].port, reqs, rate, durations[wl], warmup_s=2.0))
+        results["poisson"][wl] = {"rate_per_s": round(rate, 1), **summarize(pr)}
+        p50, p99 = pr.pct(50) * 1000, pr.pct(99) * 1000
+        log(f"adaptive {wl} Poisson at {rate:.1f}/s: p50 {p50:.1f} ms p99 {p99:.1f} ms")
+    return results
 
 
 # -- server overhead with the no-op model -----------------------------------------------------------------
@@ -439,7 +466,10 @@ def markdown(doc: dict[str, Any]) -> str:
         " (the best for the in-process limit)."
         " Model all-MiniLM-L6-v2 on CPU. Closed loop: "
         f"{CONCURRENCY} connections, one text per request; server settings are the defaults (only"
-        " `--scheduler fifo` differs for (3)).",
+        " `--scheduler fifo` differs for (3)). The four configurations run interleaved in"
+        f" {doc['settings']['rounds']} round(s) of {doc['settings']['durations_s']} s per workload (rotating"
+        " order, so background load on the shared machine hits all alike); items/s are medians over the"
+        " rounds.",
         "",
         "| workload | tokens mean / p95 / max | (1) limit items/s | (2) adaptive | (3) FIFO | (4) naive |"
         " (2)/(1) | (2)/(3) | (2)/(4) | Poisson @70% of (2): p50 / p99 |",
@@ -457,6 +487,10 @@ def markdown(doc: dict[str, Any]) -> str:
             f" {r[f'{wl}: adaptive/naive']} | {p.get('p50_ms', '-')} ms / {p.get('p99_ms', '-')} ms"
             f" at {p.get('rate_per_s', '-')}/s |"
         )
+    lines += ["", "Per round (items/s):", "", "| workload | config | rounds |", "|---|---|---|"]
+    for wl in ("short", "long"):
+        for cfg in ("limit", "adaptive", "fifo", "naive"):
+            lines.append(f"| {wl} | {cfg} | {', '.join(str(x) for x in res[cfg][wl]['rounds'])} |")
     lines += ["", "Targets (same run, default configuration for both workloads):", ""]
     for k, v in doc["targets_met"].items():
         lines.append(f"- {k}: **{'met' if v else 'NOT met'}**")
@@ -486,45 +520,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS))
     a = ap.parse_args(argv)
     q = a.quick
-    durations = {"short": 4.0 if q else 12.0, "long": 6.0 if q else 20.0}
-    warmup_s = 2.0 if q else 4.0
+    durations = {"short": 3.0 if q else 8.0, "long": 4.0 if q else 20.0}
+    warmup_s = 1.5 if q else 2.0
+    rounds = 1 if q else 3
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="bench-serving-"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the servers are stopped
     t_start = time.monotonic()
     load_before = [round(x, 2) for x in os.getloadavg()]
     workloads = make_workloads()
     desc = {k: describe(v) for k, v in workloads.items()}
     log(f"workloads: {desc}")
-    results: dict[str, Any] = {}
     subset = {"short": 300, "long": 100} if q else {"short": 800, "long": 300}
-    results["limit"] = measure_limit(workloads, subset)
-    threads = results["limit"]["threads"]
+    limit = Limit(workloads, subset)
+    sweep = limit.sweep(0.5)
+    threads = limit.threads
+    log(f"limit: {threads} thread(s), batch sizes {limit.batch_size}")
     bodies = {wl: request_bodies(texts, seed=3) for wl, texts in workloads.items()}
-    results["poisson"] = {}
-    results["adaptive"] = run_server_config(
-        "adaptive",
-        modelserver_args(threads),
-        bodies,
-        durations,
-        warmup_s,
-        log_dir,
-        poisson_of=results["poisson"],
-    )
-    results["fifo"] = run_server_config(
-        "fifo", modelserver_args(threads, "--scheduler", "fifo"), bodies, durations, warmup_s, log_dir
-    )
-    naive_args = [
-        "-m",
-        "bench.serving_naive",
-        "--model-dir",
-        str(minilm_dir()),
-        "--port",
-        "{port}",
-        "--num-threads",
-        str(threads),
-    ]
-    results["naive"] = run_server_config("naive", naive_args, bodies, durations, warmup_s, log_dir)
+    naive_args = ["-m", "bench.serving_naive", "--model-dir", str(minilm_dir()), "--port", "{port}"]
+    servers = {
+        "adaptive": Proc(modelserver_args(threads), "adaptive", log_dir),
+        "fifo": Proc(modelserver_args(threads, "--scheduler", "fifo"), "fifo", log_dir),
+        "naive": Proc([*naive_args, "--num-threads", str(threads)], "naive", log_dir),
+    }
+    try:
+        for proc in servers.values():
+            proc.wait_ready()
+        results = run_rounds(limit, servers, bodies, durations, warmup_s, rounds)
+    finally:
+        for proc in servers.values():
+            proc.stop()
+    results["limit"]["threads"] = threads
+    results["limit"]["sweep"] = sweep
     overhead = measure_overhead(5.0 if q else 10.0, log_dir)
     import torch
 
@@ -547,7 +575,13 @@ def main(argv: list[str] | None = None) -> int:
             "loadavg_before": load_before,
             "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         },
-        "settings": {"concurrency": CONCURRENCY, "durations_s": durations, "warmup_s": warmup_s},
+        "settings": {
+            "concurrency": CONCURRENCY,
+            "durations_s": durations,
+            "warmup_s": warmup_s,
+            "rounds": rounds,
+            "limit_subset_items": subset,
+        },
         "workloads": desc,
         "results": results,
         "ratios": r,
