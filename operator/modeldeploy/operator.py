@@ -179,7 +179,8 @@ async def run(args: argparse.Namespace) -> None:
         identity=ident,
         priority=args.priority,
         peering_name=args.peering_name,
-        namespace=args.namespace[0] if len(args.namespace) == 1 else None,
+        # namespaced mode: kopf keeps one KopfPeering per namespace; the first one stands for all
+        namespace=args.namespace[0] if args.namespace else None,
         standalone=args.standalone,
     )
     controller = Controller(reconciler.reconcile, workers=args.workers, gate=gate)
