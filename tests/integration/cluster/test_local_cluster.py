@@ -227,6 +227,10 @@ def test_mapped_image_pod_is_a_real_process_with_probe_driven_endpoints(
     wait_for(lambda: kube.get(path) is None, timeout=30, what="pod object removed")
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://{ip}:8080/", timeout=1)
+    # It was asked to stop (SIGTERM, handled by the app), not killed.
+    uid = pod["metadata"]["uid"]
+    logs = list((kube.cluster.state_dir / "agent" / "pods").glob(f"{namespace}_web_{uid[:8]}/app.log"))
+    assert logs and "testapp stopped" in logs[0].read_text()
 
 
 def test_crashed_container_is_restarted_and_counted(kube: Kube, namespace: str) -> None:
