@@ -109,6 +109,7 @@ controller.py, kube.py) and from kopf's watches; nothing else is called. No Secr
 {{/* kopf's peering object: kopf watches it and patches its status (keep-alives); the operator's peering
 gate GETs it. The chart creates it, so there is no create. */}}
 {{- define "modeldeploy.peeringRule" -}}
+# Our peering object only: read by the operator's peering gate, keep-alives patched in by kopf.
 - apiGroups: [kopf.dev]
   resources: [{{ .resource }}]
   resourceNames: [{{ .name | quote }}]

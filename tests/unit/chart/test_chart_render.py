@@ -1,0 +1,261 @@
+"""``helm template`` of charts/modeldeploy: RBAC is exactly what the operator uses, the pod is restricted, the
+operator's settings reach it, and the values schema refuses what it should."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chart_render import CHART, CI_VALUES, by_kind, helm, one, render, rule_table, template_text
+
+# What the operator calls in a watched namespace (see operator/modeldeploy/{reconciler,operator,kube}.py and
+# kopf's watches). Any change here is a deliberate change of the operator's rights.
+NAMESPACED_RULES = {
+    ("modeldeploy.io", "modeldeployments"): {"get", "list", "watch"},
+    ("modeldeploy.io", "modeldeployments/status"): {"patch"},
+    ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"list", "watch", "create", "patch", "delete"},
+    ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
+    ("", "pods"): {"list", "watch"},
+    ("", "pods/status"): {"patch"},
+    ("", "events"): {"create"},
+}
+CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
+NEVER = {
+    "secrets",
+    "configmaps",
+    "pods/exec",
+    "pods/attach",
+    "pods/portforward",
+    "serviceaccounts/token",
+    "roles",
+    "rolebindings",
+    "clusterroles",
+    "clusterrolebindings",
+    "nodes",
+    "*",
+}
+
+
+def rbac_objects(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
+
+
+def test_cluster_mode_rbac_is_exactly_what_the_operator_uses() -> None:
+    docs = render()
+    assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
+    role = one(docs, "ClusterRole")
+    assert rule_table(role["rules"]) == {
+        **NAMESPACED_RULES,
+        **CRD_WATCH,
+        # the chart creates the peering object; the operator only reads it and patches keep-alives into it
+        ("kopf.dev", "clusterkopfpeerings:md-modeldeploy"): {"get", "patch"},
+        ("kopf.dev", "clusterkopfpeerings"): {"list", "watch"},
+    }
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "md-modeldeploy", "namespace": "md-system"}
+    ]
+    peering = one(docs, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "md-modeldeploy"
+
+
+def test_namespaced_mode_has_a_role_per_watched_namespace_and_nothing_namespaced_cluster_wide() -> None:
+    docs = render("--set", "watchNamespaces={team-a,team-b}")
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for r in roles:
+        assert rule_table(r["rules"]) == {
+            **NAMESPACED_RULES,
+            ("kopf.dev", "kopfpeerings:md-modeldeploy"): {"get", "patch"},
+            ("kopf.dev", "kopfpeerings"): {"list", "watch"},
+        }
+    bindings = by_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for b in bindings:
+        assert b["subjects"] == [
+            {"kind": "ServiceAccount", "name": "md-modeldeploy", "namespace": "md-system"}
+        ]
+    # the only cluster-wide rights: kopf's discovery of CRDs and namespaces (names only)
+    (cr,) = by_kind(docs, "ClusterRole")
+    assert rule_table(cr["rules"]) == {**CRD_WATCH, ("", "namespaces"): {"list", "watch"}}
+    assert sorted(p["metadata"]["namespace"] for p in by_kind(docs, "KopfPeering")) == ["team-a", "team-b"]
+    assert not by_kind(docs, "ClusterKopfPeering")
+    env = env_of(docs)
+    assert env["MODELDEPLOY_NAMESPACES"] == "team-a,team-b"
+
+
+def test_namespaced_mode_without_discovery_has_nothing_cluster_scoped() -> None:
+    docs = render("--set", "watchNamespaces={team-a}", "--set", "rbac.clusterDiscovery=false")
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    assert len(by_kind(docs, "Role")) == 1
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: "defaults" if v is None else v.name)
+def test_no_rule_grants_secrets_wildcards_or_escalation(values: Any) -> None:
+    docs = render(*(["-f", str(values)] if values else []))
+    for role in rbac_objects(docs):
+        for rule in role["rules"]:
+            assert "*" not in rule["verbs"] and "*" not in rule.get("apiGroups", [])
+            assert not set(rule["resources"]) & NEVER, f"{role['metadata']['name']}: {rule}"
+            assert not {"escalate", "bind", "impersonate", "update", "deletecollection"} & set(rule["verbs"])
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: "defaults" if v is None else v.name)
+def test_every_rendered_rbac_rule_has_a_comment(values: Any) -> None:
+    """A comment line right above every rule (``- apiGroups:``) of every Role and ClusterRole rendered."""
+    text = template_text(*(["-f", str(values)] if values else []))
+    checked = 0
+    for doc in text.split("\n---\n"):
+        if not re.search(r"^kind: (Cluster)?Role$", doc, flags=re.M):
+            continue
+        lines = doc.splitlines()
+        for i, line in enumerate(lines):
+            if line.strip().startswith("- apiGroups:"):
+                checked += 1
+                assert lines[i - 1].strip().startswith("#"), f"rule without a comment:\n{line}\n{doc}"
+    assert checked
+
+
+def deployment(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "Deployment")
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = deployment(docs)["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def env_of(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(docs)["env"]}
+
+
+def test_deployment_is_recreate_restricted_probed_and_bounded() -> None:
+    docs = render()
+    dep = deployment(docs)
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert dep["spec"]["replicas"] == 1
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    psc = pod["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    c = container(docs)
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert c["image"] == "modeldeploy/operator:dev"
+    probe = c["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert probe["port"] == "health" and ports == {"metrics": 8480, "health": 8481}
+    assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
+    assert c["resources"]["limits"]["memory"]
+
+
+def test_operator_understands_the_settings_the_chart_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chart's env and args, parsed by the operator's own argument parser."""
+    from modeldeploy.operator import parse_args
+
+    docs = render(
+        "--set", "watchNamespaces={team-a,team-b}",
+        "--set", "operator.prometheusUrl=http://prom.example:9090",
+        "--set", "operator.workers=7",
+        "--set", "operator.peering.priority=42",
+    )  # fmt: skip
+    for name in list(__import__("os").environ):
+        if name.startswith("MODELDEPLOY_"):
+            monkeypatch.delenv(name)
+    for name, value in env_of(docs).items():
+        if isinstance(value, str):
+            monkeypatch.setenv(name, value)
+    args = parse_args(container(docs)["args"])
+    assert args.namespace == ["team-a", "team-b"]
+    assert args.prometheus_url == "http://prom.example:9090"
+    assert args.workers == 7
+    assert args.priority == 42
+    assert args.peering_name == "md-modeldeploy"
+    assert args.create_peering is False  # the chart made the peering objects
+    assert args.standalone is False
+    assert (args.metrics_port, args.health_port) == (8480, 8481)
+    assert env_of(docs)["MODELDEPLOY_BIND_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+
+
+def test_peering_off_means_standalone_and_no_peering_rights() -> None:
+    docs = render("--set", "operator.peering.enabled=false")
+    assert env_of(docs)["MODELDEPLOY_STANDALONE"] == "1"
+    assert not by_kind(docs, "ClusterKopfPeering")
+    assert not any(g == "kopf.dev" for g, _ in rule_table(one(docs, "ClusterRole")["rules"]))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--set", "replicaCount=2", "--set", "operator.peering.enabled=false"],
+            "needs operator.peering.enabled",
+        ),
+        (["--set", "bogus=1"], "additional properties 'bogus' not allowed"),
+        (["--set", "replicaCount=-1"], "replicaCount"),
+        (["--set", "operator.prometheusUrl=prom:9090"], "prometheusUrl"),
+        (["--set", "watchNamespaces={Bad_Name}"], "watchNamespaces"),
+        (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+    ],
+)
+def test_bad_values_are_refused(flags: list[str], message: str) -> None:
+    res = helm("template", "md", str(CHART), *flags, check=False)
+    assert res.returncode != 0
+    assert message in res.stderr
+
+
+def test_monitoring_objects_and_dashboard_only_when_enabled() -> None:
+    plain = render()
+    for kind in ("ServiceMonitor", "PodMonitor", "ConfigMap"):
+        assert not by_kind(plain, kind)
+    docs = render("-f", str(CHART / "ci" / "monitoring-values.yaml"))
+    sm = one(docs, "ServiceMonitor")
+    svc = next(d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("-metrics"))
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert sm["spec"]["endpoints"][0]["port"] == svc["spec"]["ports"][0]["name"]
+    pm = one(docs, "PodMonitor")
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "http"  # the serving container's port name
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    dash = json.loads(one(docs, "ConfigMap")["data"]["modeldeploy.json"])
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for metric in (
+        "modelserver_requests_total",
+        "modelserver_request_duration_seconds_bucket",
+        "modelserver_batch_size",
+        "modelserver_queue_wait_seconds_bucket",
+        "modeldeploy_canary_weight",
+        "modeldeploy_analysis_value",
+    ):
+        assert metric in exprs, metric
+    assert "modeldeploy_io_revision" in exprs  # per revision, from the pod label
+    assert len(by_kind(docs, "Deployment")) == 1 and deployment(docs)["spec"]["replicas"] == 2
+
+
+def test_dashboard_queries_use_only_metrics_that_exist_or_are_announced() -> None:
+    """Every modelserver_* metric in the dashboard is in the server's metrics module."""
+    from modelserver import metrics as server_metrics
+
+    source = Path(server_metrics.__file__).read_text()
+    dash = json.loads((CHART / "dashboards" / "modeldeploy.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    for name in set(re.findall(r"modelserver_[a-z_]+", exprs)):
+        base = re.sub(r"_(total|bucket|sum|count)$", "", name)
+        assert f'"{base}"' in source or f'"{base}_seconds"' in source, name
+
+
+def test_template_output_has_no_empty_or_duplicate_objects() -> None:
+    for values in CI_VALUES:
+        text = template_text("-f", str(values))
+        docs = render("-f", str(values))
+        keys = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
+        assert len(keys) == len(set(keys)), f"{values.name}: duplicates"
+        assert "\n---\n---" not in text
