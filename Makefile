@@ -9,7 +9,7 @@ STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 deps test test-unit test-integration test-e2e lint \
-        cluster-up cluster-down demo bench-serving bench-operator clean
+        cluster-up cluster-down demo bench-serving bench-operator crds clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
@@ -17,6 +17,7 @@ help:
 	@echo "make lint        ruff + mypy"
 	@echo "make cluster-up / cluster-down   the local Kubernetes cluster alone"
 	@echo "make bench-serving / bench-operator   benchmarks (results under bench/results/)"
+	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -68,6 +69,10 @@ bench-serving: venv
 
 bench-operator: deps
 	$(PY) -m bench.operator
+
+crds: venv
+	$(PY) -m modeldeploy.crdgen > crds/modeldeployment.yaml
+	$(PY) -m modeldeploy.crdgen --peering > crds/kopfpeering.yaml
 
 clean: cluster-down
 	rm -rf .localcluster
