@@ -91,9 +91,11 @@ CLUSTER_PEERING = ResourceType(
     "kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering", namespaced=False
 )
 PEERING = ResourceType("kopf.dev", "v1", "kopfpeerings", "KopfPeering")
+HTTPROUTE = ResourceType("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute")
 
 BY_KIND: dict[str, ResourceType] = {
-    rt.kind: rt for rt in (MODELDEPLOYMENT, DEPLOYMENT, SERVICE, PDB, POD, EVENT, CLUSTER_PEERING, PEERING)
+    rt.kind: rt
+    for rt in (MODELDEPLOYMENT, DEPLOYMENT, SERVICE, PDB, POD, EVENT, CLUSTER_PEERING, PEERING, HTTPROUTE)
 }
 
 

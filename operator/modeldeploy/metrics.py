@@ -23,6 +23,21 @@ EVENTS = Counter(
 )
 QUEUE_DEPTH = Gauge("modeldeploy_queue_depth", "ModelDeployments waiting for a reconcile.")
 MANAGED = Gauge("modeldeploy_managed_modeldeployments", "ModelDeployments seen by this operator.")
+CANARY_WEIGHT = Gauge(
+    "modeldeploy_canary_weight",
+    "Canary traffic share in percent (achieved: pods in traffic, or the route weight); 0 at rest.",
+    ["namespace", "name"],
+)
+ANALYSIS_VALUE = Gauge(
+    "modeldeploy_analysis_value",
+    "Last value measured by a canary analysis check.",
+    ["namespace", "name", "metric"],
+)
+ROLLOUTS = Counter(
+    "modeldeploy_rollouts_total",
+    "Rollout decisions: deployed, promoted, rolled_back, failed_back, aborted, superseded.",
+    ["result"],
+)
 LEADER = Gauge("modeldeploy_peering_active", "1 when this replica is the active one (peering), else 0.")
 
 

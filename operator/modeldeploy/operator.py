@@ -173,7 +173,7 @@ async def run(args: argparse.Namespace) -> None:
     kube = k.Kube.from_environment(pool_size=max(4, args.workers * 2))
     if not args.standalone and args.create_peering:
         await asyncio.to_thread(ensure_peering, kube, args.peering_name, args.namespace)
-    reconciler = Reconciler(kube, instance=ident)
+    reconciler = Reconciler(kube, instance=ident, prometheus_url=args.prometheus_url)
     gate = PeeringGate(
         kube,
         identity=ident,

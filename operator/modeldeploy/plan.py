@@ -10,9 +10,9 @@ A pure function of its inputs (:func:`plan`). The reconciler only executes the r
 5. ``status``: the new status (written only when it differs from the live one);
 6. ``events``: what happened that the user should see (condition flips, unschedulable pods).
 
-The rollout policy here is the simple one of the operator core: the first revision goes straight to
-100 %; a new revision is surged next to the stable one (both in traffic) and becomes stable once all
-its pods are ready, after which the old revision is removed.
+The rollout policy is :mod:`modeldeploy.canary` (progressive delivery, pure); the analysis it needs is
+passed in as a function (``measure``), called only when a window is due, so a plan stays a pure
+function of its inputs and the unit tests drive it with fake verdicts.
 """
 
 from __future__ import annotations
@@ -21,12 +21,15 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
 from . import builders as b
-from .api import HistoryEntry, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, RevisionStatus
+from . import canary as c
+from . import routing
+from .api import ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, RevisionStatus
+from .canary import achieved_weight as c_achieved_weight
 from .status import (
     DEGRADED,
     PROGRESSING,
@@ -51,22 +54,11 @@ class Observed:
     services: list[dict[str, Any]] = field(default_factory=list)
     pdbs: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
+    routes: list[dict[str, Any]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class RevisionTarget:
-    revision: str
-    spec: ModelDeploymentSpec  # the pod-shaping spec of this revision
-    replicas: int
-    role: str  # stable | canary | previous
-    in_traffic: bool
-
-
-@dataclass(frozen=True)
-class EventSpec:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
+RevisionTarget = c.Target
+EventSpec = c.Event
 
 
 @dataclass(frozen=True)
@@ -86,6 +78,8 @@ class Plan:
     status: ModelDeploymentStatus
     events: list[EventSpec]
     requeue_after: float | None = None
+    results: list[str] = field(default_factory=list)  # rollout results, for the operator metric
+    clear_command: bool = False  # remove the handled modeldeploy.io/command annotation
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -114,103 +108,35 @@ def _live_revision_specs(md: ModelDeployment, deployments: Sequence[Mapping[str,
     return out
 
 
-def _history(old: list[HistoryEntry], *new: HistoryEntry) -> list[HistoryEntry]:
-    return [*old, *new][-HISTORY_LIMIT:]
-
-
-# ---------------------------------------------------------------------------------------------- revisions
-
-
-@dataclass
-class RevisionDecision:
-    targets: list[RevisionTarget]
-    stable: str
-    canary: str | None
-    history: list[HistoryEntry]
-    progressing_reason: str | None  # None: at rest
-    progressing_message: str
-    events: list[EventSpec] = field(default_factory=list)
-
-
 def plan_revisions(
     md: ModelDeployment,
     current: str,
     live_specs: Mapping[str, ModelDeploymentSpec | None],
     counts: Mapping[str, RevisionCounts],
     now: datetime,
-) -> RevisionDecision:
-    """Which revisions run, how many pods each, in traffic or not (the operator core's policy)."""
-    spec = md.spec
-    status = md.status
-    stable = status.stable_revision
-    want = spec.replicas
-    if stable is None or stable == current or live_specs.get(stable) is None:
-        history = status.history
-        events: list[EventSpec] = []
-        if stable != current:
-            outcome: Literal["Deployed", "Promoted"] = "Deployed" if stable is None else "Promoted"
-            reason = "first revision" if stable is None else f"previous revision {stable} is gone"
-            history = _history(
-                history, HistoryEntry(revision=current, outcome=outcome, time=now, reason=reason)
-            )
-            events.append(EventSpec("Normal", outcome, f"revision {current} ({reason})"))
-        ready = counts.get(current, RevisionCounts()).in_traffic
-        progressing = None if ready >= want else "ScalingUp"
-        return RevisionDecision(
-            targets=[RevisionTarget(current, spec, want, "stable", True)],
-            stable=current,
-            canary=None,
-            history=history,
-            progressing_reason=progressing,
-            progressing_message=f"revision {current}: {ready}/{want} pods ready",
-            events=events,
-        )
-    new_ready = counts.get(current, RevisionCounts()).ready
-    if new_ready >= want:
-        entry = HistoryEntry(
-            revision=current, outcome="Promoted", time=now, reason=f"all {want} pods ready; replaced {stable}"
-        )
-        return RevisionDecision(
-            targets=[RevisionTarget(current, spec, want, "stable", True)],
-            stable=current,
-            canary=None,
-            history=_history(status.history, entry),
-            progressing_reason="RevisionPromoted",
-            progressing_message=f"revision {current} replaced {stable}",
-            events=[EventSpec("Normal", "Promoted", f"revision {current} replaced {stable}")],
-        )
-    old_spec = live_specs[stable]
-    assert old_spec is not None
-    return RevisionDecision(
-        targets=[
-            RevisionTarget(stable, old_spec, want, "stable", True),
-            RevisionTarget(current, spec, want, "canary", True),
-        ],
-        stable=stable,
-        canary=current,
-        history=status.history,
-        progressing_reason="NewRevisionProgressing",
-        progressing_message=f"revision {current}: {new_ready}/{want} pods ready",
-    )
+    measure: c.Measure | None = None,
+) -> c.Decision:
+    """Which revisions run, how many pods each, how many in traffic (progressive delivery)."""
+    return c.decide(md, current, live_specs, counts, now, measure)
 
 
 # ---------------------------------------------------------------------------------------------- plan
 
 
-def plan(md: ModelDeployment, observed: Observed, now: datetime) -> Plan:
-    """Everything to do for one ModelDeployment (pure)."""
+def plan(md: ModelDeployment, observed: Observed, now: datetime, measure: c.Measure | None = None) -> Plan:
+    """Everything to do for one ModelDeployment (pure, given a pure ``measure``)."""
     current = b.spec_revision(md.spec)
     uid = md.uid
     deployments = [d for d in observed.deployments if owned_by(d, uid)]
     services = [s for s in observed.services if owned_by(s, uid)]
     pdbs = [p for p in observed.pdbs if owned_by(p, uid)]
+    routes = [r for r in observed.routes if owned_by(r, uid)]
     facts = [pod_facts(p) for p in observed.pods]
     counts = count_pods(facts)
     live_specs = _live_revision_specs(md, deployments)
 
-    decision = plan_revisions(md, current, live_specs, counts, now)
+    decision = plan_revisions(md, current, live_specs, counts, now, measure)
     targets = decision.targets
-    wanted_revs = {t.revision for t in targets}
 
     # -- desired children
     desired: list[dict[str, Any]] = []
@@ -220,41 +146,42 @@ def plan(md: ModelDeployment, observed: Observed, now: datetime) -> Plan:
     for t in targets:
         desired.append(b.build_revision_service(md, t.revision))
     desired.append(b.build_pdb(md))
+    if md.spec.rollout.traffic_routing.mode == "gatewayAPI":
+        desired.append(routing.build_httproute(md, decision.stable, decision.canary, decision.weight))
     desired_names = {(o["kind"], o["metadata"]["name"]) for o in desired}
 
     # -- owned children that no longer belong
     deletions = [
         Deletion(o["kind"], o["metadata"]["name"], o["metadata"].get("uid", ""))
-        for o in (*deployments, *services, *pdbs)
+        for o in (*deployments, *services, *pdbs, *routes)
         if (o.get("kind"), o["metadata"]["name"]) not in desired_names
     ]
 
-    # -- readiness gates: in traffic or not, per pod
-    in_traffic = {t.revision: t.in_traffic for t in targets}
-    gates: list[tuple[str, bool]] = []
-    for p in facts:
-        if p.terminating or p.revision not in wanted_revs:
-            continue
-        want = in_traffic[p.revision]
-        if p.gate != ("True" if want else "False"):
-            gates.append((p.name, want))
+    # -- readiness gates: how many pods of each revision in traffic
+    gates = c.pod_gates(facts, targets)
 
     status, events = compute_status(md, current, decision, counts, now)
+    requeue = None
+    if decision.requeue_at is not None:
+        requeue = max(c.MIN_REQUEUE, (decision.requeue_at - now).total_seconds())
     return Plan(
         revision=current,
         revisions=targets,
         apply=desired,
         delete=deletions,
-        pod_gates=sorted(gates),
+        pod_gates=gates,
         status=status,
         events=decision.events + events,
+        requeue_after=requeue,
+        results=list(decision.results),
+        clear_command=decision.command_seen,
     )
 
 
 def compute_status(
     md: ModelDeployment,
     current: str,
-    decision: RevisionDecision,
+    decision: c.Decision,
     counts: Mapping[str, RevisionCounts],
     now: datetime,
     error: str | None = None,
@@ -268,7 +195,7 @@ def compute_status(
         revisions.append(
             RevisionStatus(
                 revision=t.revision,
-                role=t.role,  # type: ignore[arg-type]
+                role=t.role,
                 deployment=b.deployment_name(md.name, t.revision),
                 replicas=t.replicas,
                 current_replicas=c.current,
@@ -280,10 +207,14 @@ def compute_status(
             )
         )
     in_traffic_total = sum(r.in_traffic_replicas for r in revisions)
-    canary_weight = None
+    achieved = None
     if decision.canary is not None:
-        canary_in = counts.get(decision.canary, RevisionCounts()).in_traffic
-        canary_weight = round(100 * canary_in / in_traffic_total) if in_traffic_total else 0
+        if decision.routing_mode == "gatewayAPI":
+            achieved = decision.weight  # exact: the route's weights
+        else:
+            canary_in = counts.get(decision.canary, RevisionCounts()).in_traffic
+            stable_in = counts.get(decision.stable, RevisionCounts()).in_traffic
+            achieved = c_achieved_weight(canary_in, stable_in) or 0
 
     # -- conditions
     is_ready = in_traffic_total >= want
@@ -304,6 +235,8 @@ def compute_status(
     unschedulable = [r for r in revisions if r.unschedulable_replicas]
     if error is not None:
         degraded_c = ConditionSpec(DEGRADED, "True", "ReconcileError", error)
+    elif decision.degraded_reason is not None:
+        degraded_c = ConditionSpec(DEGRADED, "True", decision.degraded_reason, decision.degraded_message)
     elif unschedulable:
         degraded_c = ConditionSpec(
             DEGRADED,
@@ -325,8 +258,13 @@ def compute_status(
             "revision": current,
             "stable_revision": decision.stable,
             "canary_revision": decision.canary,
-            "canary_weight": canary_weight,
-            "achieved_canary_weight": canary_weight,
+            "canary_weight": decision.weight,
+            "achieved_canary_weight": achieved,
+            "previous_revision": decision.previous,
+            "previous_expires_at": decision.previous_expires_at,
+            "step": decision.step,
+            "step_started_at": decision.step_started_at,
+            "analysis": decision.analysis,
             "replicas": sum(t.replicas for t in decision.targets),
             "ready_replicas": in_traffic_total,
             "ready": ready_text,

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from . import builders as b
 from . import kube as k
 from . import metrics
+from .analysis import Judgement, PrometheusAnalyzer, Sample, judge
 from .api import API_VERSION, KIND, ModelDeployment, ModelDeploymentStatus
+from .canary import COMMAND_ANNOTATION, AnalysisRequest
 from .diff import Path, mismatches, needs_apply
 from .plan import EventSpec, Observed, Plan, error_status, plan
 from .status import DEGRADED, ConditionSpec, merge_conditions, status_patch, utcnow
@@ -39,6 +41,10 @@ class Conflict(Exception):
     """The ModelDeployment changed while we computed its status; try again."""
 
 
+class Analyzer(Protocol):
+    def measure(self, queries: Sequence[Any]) -> list[Sample]: ...
+
+
 class Reconciler:
     def __init__(
         self,
@@ -46,22 +52,48 @@ class Reconciler:
         *,
         instance: str = "modeldeploy",
         clock: Callable[[], datetime] = utcnow,
+        prometheus_url: str = "http://127.0.0.1:9090",
+        analyzer: Callable[[str], Analyzer] | None = None,
     ):
         self.kube = kube
         self.instance = instance
         self.clock = clock
+        self.prometheus_url = prometheus_url
+        self._analyzer_factory = analyzer or (lambda url: PrometheusAnalyzer(url))
+        self._analyzers: dict[str, Analyzer] = {}
         # paths the apiserver rewrites in an object we apply (learned from apply answers)
         self._normalized: dict[tuple[str, str, str], frozenset[Path]] = {}
 
     # -------------------------------------------------------------------------------- observe
-    def observe(self, namespace: str, name: str) -> Observed:
+    def observe(self, namespace: str, name: str, routes: bool = False) -> Observed:
         selector = f"{b.LABEL_NAME}={name}"
         return Observed(
             deployments=self.kube.list(k.DEPLOYMENT, namespace, selector),
             services=self.kube.list(k.SERVICE, namespace, selector),
             pdbs=self.kube.list(k.PDB, namespace, selector),
             pods=self.kube.list(k.POD, namespace, selector),
+            routes=self.kube.list(k.HTTPROUTE, namespace, selector) if routes else [],
         )
+
+    # -------------------------------------------------------------------------------- analysis
+    def measure_for(self, md: ModelDeployment) -> Callable[[AnalysisRequest], Judgement]:
+        """The analysis the plan calls when a window is due (Prometheus I/O, one query per check)."""
+        url = md.spec.rollout.analysis.prometheus_url or self.prometheus_url
+
+        def measure(req: AnalysisRequest) -> Judgement:
+            analyzer = self._analyzers.get(url)
+            if analyzer is None:
+                analyzer = self._analyzers[url] = self._analyzer_factory(url)
+            samples = analyzer.measure(req.queries(md))
+            j = judge(samples, self.clock())
+            for m in j.measurements:
+                if m.value is not None:
+                    metrics.ANALYSIS_VALUE.labels(namespace=md.namespace, name=md.name, metric=m.metric).set(
+                        m.value
+                    )
+            return j
+
+        return measure
 
     # -------------------------------------------------------------------------------- reconcile
     def reconcile(self, namespace: str, name: str) -> Result:
@@ -98,14 +130,19 @@ class Reconciler:
 
     def _reconcile(self, raw: dict[str, Any], md: ModelDeployment) -> Result:
         ns, name = md.namespace, md.name
-        observed = self.observe(ns, name)
+        observed = self.observe(ns, name, routes=md.spec.rollout.traffic_routing.mode == "gatewayAPI")
         now = self.clock()
-        p = plan(md, observed, now)
+        p = plan(md, observed, now, self.measure_for(md))
         result = Result(plan=p, requeue_after=p.requeue_after)
         live = {
             (o["kind"], o["metadata"]["name"]): o
-            for o in (*observed.deployments, *observed.services, *observed.pdbs)
+            for o in (*observed.deployments, *observed.services, *observed.pdbs, *observed.routes)
         }
+
+        # traffic first: pods leave (or enter) traffic before anything is scaled or deleted
+        for pod, in_traffic in p.pod_gates:
+            if self.set_pod_gate(ns, pod, in_traffic, now):
+                result.writes += 1
 
         for obj in p.apply:
             key = (obj["kind"], obj["metadata"]["name"])
@@ -133,16 +170,23 @@ class Reconciler:
                 self._normalized.pop((d.kind, ns, d.name), None)
                 self.event(raw, EventSpec("Normal", "Deleted", f"deleted {d.kind} {d.name}"))
 
-        for pod, in_traffic in p.pod_gates:
-            if self.set_pod_gate(ns, pod, in_traffic, now):
-                result.writes += 1
-
         patch = status_patch(raw.get("status"), p.status)
         if patch is not None:
             self.write_status(raw, patch)
             result.writes += 1
+        if p.clear_command:
+            # handled (or stale): commands are conditional on the state they were issued against, so
+            # handling one again after a crash before this point changes nothing
+            self.kube.merge_patch(
+                k.MODELDEPLOYMENT, ns, name, {"metadata": {"annotations": {COMMAND_ANNOTATION: None}}}
+            )
+            result.writes += 1
         for ev in p.events:
             self.event(raw, ev)
+        for r in p.results:
+            metrics.ROLLOUTS.labels(result=r).inc()
+        weight = p.status.achieved_canary_weight if p.status.canary_revision else None
+        metrics.CANARY_WEIGHT.labels(namespace=ns, name=name).set(weight or 0)
         return result
 
     # -------------------------------------------------------------------------------- writes

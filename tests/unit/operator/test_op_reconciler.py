@@ -227,7 +227,8 @@ def test_objects_not_owned_are_left_alone(world):
 # ---------------------------------------------------------------------------------------------- revisions
 
 
-def test_new_revision_surges_then_replaces_the_old_one(world):
+def test_new_revision_starts_a_canary_next_to_the_untouched_old_one(world):
+    """The canary's steps, promotion and rollback are in test_op_canary.py."""
     fake, rec, clock = world
     rec.reconcile("default", "minilm")
     old = revision(fake)
@@ -256,12 +257,12 @@ def test_new_revision_surges_then_replaces_the_old_one(world):
     clock.tick()
     settle(fake, rec)
     st = status(fake)
-    assert st["stableRevision"] == new and "canaryRevision" not in st
-    assert fake.obj("Deployment", f"minilm-{old}") is None
-    assert fake.obj("Service", f"minilm-{old}") is None
-    assert [h["outcome"] for h in st["history"]] == ["Deployed", "Promoted"]
-    assert {"Promoted", "Deleted"} <= {e["reason"] for e in fake.events}
-    # at rest again
+    assert st["stableRevision"] == old and st["canaryRevision"] == new and st["step"] == 0
+    assert st["canaryWeight"] == 5 and st["achievedCanaryWeight"] == 50  # 1 replica: 1 pod of each
+    assert fake.obj("Deployment", f"minilm-{old}") is not None
+    assert [h["outcome"] for h in st["history"]] == ["Deployed"]
+    assert "CanaryStarted" in {e["reason"] for e in fake.events}
+    # nothing more to do until the step's interval is over
     assert rec.reconcile("default", "minilm").writes == 0
 
 

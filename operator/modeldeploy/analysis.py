@@ -1,0 +1,316 @@
+"""Canary analysis: which PromQL to ask, and what the answers mean.
+
+Split in two on purpose:
+
+* pure: :func:`build_queries` (the queries for one revision and window, from the spec and the server's
+  metrics contract), :func:`judge` (samples -> a verdict with its measurements) and :func:`advance`
+  (a verdict folded into the analysis state kept in status: consecutive failures, ``onNoData``,
+  ``noDataTimeout``, ``failureLimit``);
+* I/O: :class:`PrometheusAnalyzer` runs the queries through ``prometheus-api-client``. A Prometheus that
+  cannot be reached, or that answers with an error, gives samples with ``error`` set -- judged as *no
+  data*, never as success.
+
+The default checks use the server's metrics contract (docs/server.md) with the pod labels Prometheus
+carries over from discovery (``modeldeploy_io_name``, ``modeldeploy_io_revision``):
+
+* ``requests``: requests the revision answered in the window; fewer than ``minRequests`` is *no data*;
+* ``error-rate``: 5xx / all requests of the revision (max ``maxErrorRate``);
+* ``p99-latency-ms``: p99 of ``modelserver_request_duration_seconds`` (max ``maxP99LatencyMs``);
+* ``latency-ratio-to-stable``: canary p99 / stable p99 (max ``maxLatencyRatioToStable``, only when set
+  and when there is a stable revision in traffic to compare with);
+* every ``metrics[]`` entry: a PromQL template with ``{{namespace}} {{name}} {{revision}} {{interval}}``
+  and a ``max`` or ``min`` threshold.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from .api import AnalysisSpec, AnalysisStatus, Measurement, parse_duration
+
+log = logging.getLogger(__name__)
+
+REQUESTS = "requests"
+ERROR_RATE = "error-rate"
+P99 = "p99-latency-ms"
+RATIO = "latency-ratio-to-stable"
+MEASUREMENTS_KEPT = 16
+
+Verdict = Literal["Pass", "Fail", "NoData"]
+
+
+@dataclass(frozen=True)
+class Query:
+    metric: str
+    promql: str
+    threshold: float | None
+    kind: Literal["max", "min"]
+    revision: str
+    #: optional checks do not make the whole window "no data" when they have none (the stable ratio)
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Sample:
+    query: Query
+    value: float | None  # None: the query returned nothing (or NaN)
+    error: str | None = None  # Prometheus unreachable or refused the query
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    measurements: list[Measurement]
+    failing: Measurement | None  # the first failing (or missing) measurement
+
+
+def window(interval: str) -> str:
+    """The PromQL range of one analysis window (``interval`` as whole seconds, at least 2s)."""
+    return f"{max(2, math.ceil(parse_duration(interval)))}s"
+
+
+def render(template: str, *, namespace: str, name: str, revision: str, interval: str) -> str:
+    """A custom metric's query with its ``{{...}}`` placeholders filled in."""
+    out = template
+    for key, value in (
+        ("namespace", namespace),
+        ("name", name),
+        ("revision", revision),
+        ("interval", interval),
+    ):
+        out = out.replace("{{" + key + "}}", value).replace("{{ " + key + " }}", value)
+    return out
+
+
+def _selector(namespace: str, name: str, revision: str, extra: str = "") -> str:
+    sel = f'namespace="{namespace}",modeldeploy_io_name="{name}",modeldeploy_io_revision="{revision}"'
+    return "{" + sel + (f",{extra}" if extra else "") + "}"
+
+
+def p99_query(namespace: str, name: str, revision: str, win: str) -> str:
+    sel = _selector(namespace, name, revision)
+    rate = f"rate(modelserver_request_duration_seconds_bucket{sel}[{win}])"
+    return f"histogram_quantile(0.99, sum by (le) ({rate})) * 1000"
+
+
+def build_queries(
+    spec: AnalysisSpec,
+    *,
+    namespace: str,
+    name: str,
+    revision: str,
+    stable: str | None,
+    interval: str,
+) -> list[Query]:
+    """The queries that judge ``revision`` over the last ``interval`` (pure)."""
+    win = window(interval)
+    sel = _selector(namespace, name, revision)
+    bad = _selector(namespace, name, revision, 'code=~"5.."')
+    total = f"sum(increase(modelserver_requests_total{sel}[{win}]))"
+    out = [
+        Query(REQUESTS, total, float(spec.min_requests), "min", revision),
+        Query(
+            ERROR_RATE,
+            f"(sum(increase(modelserver_requests_total{bad}[{win}])) or vector(0)) / {total}",
+            spec.max_error_rate,
+            "max",
+            revision,
+        ),
+        Query(
+            P99, p99_query(namespace, name, revision, win), float(spec.max_p99_latency_ms), "max", revision
+        ),
+    ]
+    if spec.max_latency_ratio_to_stable is not None and stable and stable != revision:
+        out.append(
+            Query(
+                RATIO,
+                f"({p99_query(namespace, name, revision, win)})"
+                f" / ({p99_query(namespace, name, stable, win)})",
+                spec.max_latency_ratio_to_stable,
+                "max",
+                revision,
+                optional=True,
+            )
+        )
+    for m in spec.metrics:
+        q = render(m.query, namespace=namespace, name=name, revision=revision, interval=win)
+        if m.max is not None:
+            out.append(Query(m.name, q, m.max, "max", revision))
+        else:
+            out.append(Query(m.name, q, m.min, "min", revision))
+    return out
+
+
+def _measure(s: Sample, now: datetime) -> Measurement:
+    q = s.query
+    if s.error is not None:
+        verdict: Literal["Pass", "Fail", "NoData", "Error"] = "Error"
+    elif s.value is None:
+        verdict = "NoData"
+    elif q.threshold is None:
+        verdict = "Pass"
+    elif q.metric == REQUESTS:
+        verdict = "Pass" if s.value >= q.threshold else "NoData"
+    elif q.kind == "max":
+        verdict = "Pass" if s.value <= q.threshold else "Fail"
+    else:
+        verdict = "Pass" if s.value >= q.threshold else "Fail"
+    value = None if s.value is None else round(s.value, 6)
+    return Measurement(
+        metric=q.metric,
+        query=q.promql,
+        value=value,
+        threshold=q.threshold,
+        verdict=verdict,
+        revision=q.revision,
+        time=now,
+    )
+
+
+def judge(samples: Sequence[Sample], now: datetime) -> Judgement:
+    """One window's verdict (pure).
+
+    * any error (Prometheus unreachable, query refused) -> NoData: never a pass;
+    * too few requests (``minRequests``) -> NoData, whatever the other values say;
+    * any check over (max) or under (min) its threshold -> Fail;
+    * a required check without a value -> NoData;
+    * otherwise Pass.
+    """
+    ms = [_measure(s, now) for s in samples]
+    by_metric = {m.metric: m for m in ms}
+    errors = [m for m in ms if m.verdict == "Error"]
+    if errors:
+        return Judgement("NoData", ms, errors[0])
+    req = by_metric.get(REQUESTS)
+    if req is not None and req.verdict != "Pass":
+        return Judgement("NoData", ms, req)
+    failed = [m for m in ms if m.verdict == "Fail"]
+    if failed:
+        return Judgement("Fail", ms, failed[0])
+    optional = {s.query.metric for s in samples if s.query.optional}
+    missing = [m for m in ms if m.verdict == "NoData" and m.metric not in optional]
+    if missing:
+        return Judgement("NoData", ms, missing[0])
+    return Judgement("Pass", ms, None)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a judged window means for the rollout."""
+
+    action: Literal["pass", "fail", "hold"]
+    state: AnalysisStatus
+    reason: str
+    failing: Measurement | None
+
+
+def advance(spec: AnalysisSpec, state: AnalysisStatus | None, j: Judgement, now: datetime) -> Outcome:
+    """Fold one judgement into the analysis state (pure).
+
+    ``pass``: go on (next step, promotion, end of bake); ``fail``: ``failureLimit`` consecutive failed
+    windows (or no data past ``noDataTimeout`` with ``onNoData: hold``, or no data with ``onNoData: fail``)
+    -- roll back; ``hold``: judge again after another interval.
+    """
+    old = state or AnalysisStatus()
+    kept = [*old.measurements, *j.measurements][-MEASUREMENTS_KEPT:]
+    failures = old.consecutive_failures
+    no_data_since = old.no_data_since
+    verdict = j.verdict
+    reason = ""
+    if verdict == "NoData":
+        what = _describe(j.failing) if j.failing else "no data"
+        if spec.on_no_data == "pass":
+            verdict = "Pass"
+            reason = f"{what}; onNoData is pass"
+        elif spec.on_no_data == "fail":
+            verdict = "Fail"
+            reason = f"{what}; onNoData is fail"
+        else:
+            no_data_since = no_data_since or now
+            waited = (now - no_data_since).total_seconds()
+            if waited >= parse_duration(spec.no_data_timeout):
+                failures = max(failures, spec.failure_limit - 1)  # the timeout fails at once
+                verdict = "Fail"
+                reason = f"{what} for {waited:.0f}s (noDataTimeout {spec.no_data_timeout})"
+            else:
+                new = old.model_copy(
+                    update={"no_data_since": no_data_since, "last_run": now, "measurements": kept}
+                )
+                return Outcome("hold", new, f"{what}; holding (onNoData hold)", j.failing)
+    if verdict == "Pass":
+        new = old.model_copy(
+            update={"consecutive_failures": 0, "no_data_since": None, "last_run": now, "measurements": kept}
+        )
+        return Outcome("pass", new, reason or "all checks passed", j.failing)
+    failures += 1
+    reason = reason or (_describe(j.failing) if j.failing else "analysis failed")
+    new = old.model_copy(
+        update={
+            "consecutive_failures": failures,
+            "no_data_since": None if j.verdict != "NoData" else no_data_since,
+            "last_run": now,
+            "measurements": kept,
+        }
+    )
+    if failures >= spec.failure_limit:
+        return Outcome("fail", new, f"{reason} ({failures}/{spec.failure_limit} failed checks)", j.failing)
+    return Outcome("hold", new, f"{reason} ({failures}/{spec.failure_limit} failed checks)", j.failing)
+
+
+def _describe(m: Measurement) -> str:
+    if m.verdict == "Error":
+        return f"{m.metric}: Prometheus unavailable"
+    if m.value is None:
+        return f"{m.metric}: no data"
+    if m.metric == REQUESTS:
+        return f"requests: {m.value:g} < minRequests {m.threshold:g}"
+    op = ">" if m.verdict == "Fail" and m.threshold is not None and m.value > m.threshold else "<"
+    if m.verdict != "Fail":
+        op = "vs"
+    return f"{m.metric}: {m.value:g} {op} {m.threshold:g}"
+
+
+def describe(m: Measurement | None) -> str:
+    return _describe(m) if m is not None else ""
+
+
+# ---------------------------------------------------------------------------------------------- I/O
+
+
+class PrometheusAnalyzer:
+    """Runs analysis queries against one Prometheus (``prometheus-api-client``)."""
+
+    def __init__(self, url: str, timeout: float = 5.0):
+        from prometheus_api_client import PrometheusConnect
+
+        self.url = url
+        self.timeout = timeout
+        self._client = PrometheusConnect(url=url, disable_ssl=True, timeout=int(max(1, timeout)))
+
+    def measure(self, queries: Sequence[Query]) -> list[Sample]:
+        out: list[Sample] = []
+        for q in queries:
+            try:
+                result = self._client.custom_query(q.promql)
+            except Exception as e:  # unreachable, refused, malformed: no data, never success
+                log.warning("prometheus %s: %s: %s", self.url, q.metric, e)
+                out.append(Sample(q, None, error=f"{type(e).__name__}: {e}"[:300]))
+                continue
+            out.append(Sample(q, scalar(result)))
+        return out
+
+
+def scalar(result: object) -> float | None:
+    """The value of an instant vector with (at most) one series; None when empty or NaN/Inf."""
+    if not isinstance(result, list) or not result:
+        return None
+    try:
+        value = float(result[0]["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None

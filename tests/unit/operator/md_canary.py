@@ -1,0 +1,195 @@
+"""A little world for progressive-delivery tests: the fake apiserver, a fake clock, a fake Prometheus,
+and the ReplicaSet controller and kubelet reduced to what the rollout logic sees."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from md_cases import BASE_MD
+from md_fakekube import FakeKube
+from modeldeploy import builders as b
+from modeldeploy.analysis import ERROR_RATE, P99, RATIO, REQUESTS, Sample
+from modeldeploy.api import ModelDeployment
+from modeldeploy.reconciler import Reconciler
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+GOOD = {REQUESTS: 200.0, ERROR_RATE: 0.0, P99: 20.0, RATIO: 1.0}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def tick(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+class FakePrometheus:
+    """Answers each check from ``values[revision][metric]`` (default: a healthy revision);
+    ``down`` makes every query fail like an unreachable Prometheus. Records every query."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[str, float | None]] = {}
+        self.down = False
+        self.queries: list[tuple[str, str, str]] = []  # (revision, metric, promql)
+
+    def measure(self, queries):
+        out = []
+        for q in queries:
+            self.queries.append((q.revision, q.metric, q.promql))
+            if self.down:
+                out.append(Sample(q, None, error="ConnectionError: refused"))
+                continue
+            vals = {**GOOD, **self.values.get(q.revision, {})}
+            out.append(Sample(q, vals.get(q.metric)))
+        return out
+
+    def windows(self, revision: str) -> int:
+        return sum(1 for r, m, _ in self.queries if r == revision and m == REQUESTS)
+
+
+def canary_md(**rollout: Any) -> dict[str, Any]:
+    body = copy.deepcopy(BASE_MD)
+    body["spec"]["replicas"] = rollout.pop("replicas", 2)
+    body["spec"]["rollout"] = {
+        "steps": [25, 50, 100],
+        "interval": "10s",
+        "bakeTime": "30s",
+        "keepPrevious": {"replicas": 1, "ttl": "5m"},
+        **rollout,
+    }
+    return body
+
+
+class World:
+    def __init__(self, body: dict[str, Any] | None = None) -> None:
+        self.fake = FakeKube()
+        self.fake.put(body or canary_md())
+        self.clock = Clock()
+        self.prom = FakePrometheus()
+        self.rec = self.new_operator()
+        self.pod_serial = 0
+
+    def new_operator(self) -> Reconciler:
+        """A fresh operator (as after a restart): nothing but what is stored in the apiserver."""
+        return Reconciler(self.fake, clock=self.clock, analyzer=lambda url: self.prom)  # type: ignore[arg-type]
+
+    # -- the object
+    @property
+    def raw(self) -> dict[str, Any]:
+        return self.fake.obj("ModelDeployment", "minilm")  # type: ignore[return-value]
+
+    @property
+    def status(self) -> dict[str, Any]:
+        return self.raw.get("status") or {}
+
+    def revision(self) -> str:
+        return b.spec_revision(ModelDeployment.from_api(self.raw).spec)
+
+    def edit(self, **spec: Any) -> str:
+        self.raw["spec"].update(spec)
+        self.raw["metadata"]["generation"] += 1
+        return self.revision()
+
+    def new_version(self, version: str) -> str:
+        return self.edit(model={"name": "minilm", "version": version, "uri": f"file:///models/v{version}"})
+
+    def annotate(self, key: str, value: str | None) -> None:
+        ann = self.raw["metadata"].setdefault("annotations", {})
+        if value is None:
+            ann.pop(key, None)
+        else:
+            ann[key] = value
+
+    def cond(self, type_: str) -> dict[str, Any]:
+        return next(c for c in self.status["conditions"] if c["type"] == type_)
+
+    # -- the cluster's controllers
+    def pods(self, revision: str | None = None) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in self.fake.of_kind("Pod")
+            if revision is None or p["metadata"]["labels"][b.LABEL_REVISION] == revision
+        ]
+
+    def in_traffic(self, revision: str) -> int:
+        return sum(1 for p in self.pods(revision) if _cond(p, "Ready") == "True")
+
+    def gated(self, revision: str) -> dict[str, str | None]:
+        return {p["metadata"]["name"]: _cond(p, b.READINESS_GATE) for p in self.pods(revision)}
+
+    def controllers(self) -> None:
+        """ReplicaSets create/delete pods to match each Deployment (pods start ready); pods of deleted
+        Deployments go; the kubelet computes Ready from containers and the readiness gate."""
+        deps = {
+            d["metadata"]["labels"][b.LABEL_REVISION]: d["spec"]["replicas"]
+            for d in self.fake.of_kind("Deployment")
+        }
+        for p in self.pods():
+            rev = p["metadata"]["labels"][b.LABEL_REVISION]
+            if rev not in deps:
+                self.fake.objects.pop(("Pod", "default", p["metadata"]["name"]))
+        for rev, want in deps.items():
+            have = self.pods(rev)
+            # the ReplicaSet deletes not-ready pods first, then the newest
+            have.sort(key=lambda p: (_cond(p, "Ready") == "True", p["metadata"]["name"]))
+            for p in have[: max(0, len(have) - want)]:
+                self.fake.objects.pop(("Pod", "default", p["metadata"]["name"]))
+            for _ in range(want - len(have)):
+                self.pod_serial += 1
+                self.fake.put(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {
+                            "name": f"minilm-{rev}-{self.pod_serial:03d}",
+                            "labels": {b.LABEL_NAME: "minilm", b.LABEL_REVISION: rev},
+                        },
+                        "spec": {"nodeName": "gpu-node-0"},
+                        "status": {
+                            "phase": "Running",
+                            "conditions": [
+                                {"type": "PodScheduled", "status": "True"},
+                                {"type": "ContainersReady", "status": "True"},
+                            ],
+                        },
+                    }
+                )
+        for p in self.pods():
+            conds = {c["type"]: c for c in p["status"]["conditions"]}
+            ready = (
+                conds.get("ContainersReady", {}).get("status") == "True"
+                and conds.get(b.READINESS_GATE, {}).get("status") == "True"
+            )
+            conds["Ready"] = {"type": "Ready", "status": "True" if ready else "False"}
+            p["status"]["conditions"] = list(conds.values())
+
+    def reconcile(self, rounds: int = 3) -> None:
+        """A few reconciles with the controllers acting in between (what watch events would cause)."""
+        for _ in range(rounds):
+            self.rec.reconcile("default", "minilm")
+            self.controllers()
+
+    def run_for(self, seconds: float, step: float = 1.0) -> None:
+        """Let time pass, reconciling every ``step`` seconds (a timer or an event would do it)."""
+        t = 0.0
+        while t < seconds:
+            self.clock.tick(step)
+            t += step
+            self.reconcile(rounds=2)
+
+    def deploy_first(self) -> str:
+        self.reconcile()
+        return self.revision()
+
+    def event_reasons(self) -> list[str]:
+        return [e["reason"] for e in self.fake.events]
+
+
+def _cond(pod: dict[str, Any], type_: str) -> str | None:
+    return next((c["status"] for c in pod["status"].get("conditions") or [] if c["type"] == type_), None)

@@ -1,0 +1,209 @@
+"""The pure parts of progressive delivery: queries, verdicts, the no-data policy, replica splits,
+readiness-gate choices and HTTPRoute weights."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from md_cases import BASE_MD
+from modeldeploy.analysis import (
+    ERROR_RATE,
+    P99,
+    RATIO,
+    REQUESTS,
+    Sample,
+    advance,
+    build_queries,
+    judge,
+    render,
+    scalar,
+    window,
+)
+from modeldeploy.api import AnalysisSpec, ModelDeployment
+from modeldeploy.canary import Target, pod_gates, replica_split
+from modeldeploy.routing import backend_weights, build_httproute
+from modeldeploy.status import PodFacts
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def qs(spec: AnalysisSpec | None = None, stable: str | None = "s1"):
+    return build_queries(
+        spec or AnalysisSpec(), namespace="ns", name="m", revision="c1", stable=stable, interval="10s"
+    )
+
+
+def samples(spec: AnalysisSpec | None = None, **values):
+    base = {REQUESTS: 100.0, ERROR_RATE: 0.0, P99: 50.0, RATIO: 1.0}
+    base.update({k.replace("_", "-"): v for k, v in values.items()})
+    return [Sample(q, base.get(q.metric)) for q in qs(spec)]
+
+
+def test_queries_select_the_revision_and_window():
+    q = {x.metric: x for x in qs()}
+    assert set(q) == {REQUESTS, ERROR_RATE, P99}  # no ratio unless asked for
+    sel = 'namespace="ns",modeldeploy_io_name="m",modeldeploy_io_revision="c1"'
+    assert q[REQUESTS].promql == f"sum(increase(modelserver_requests_total{{{sel}}}[10s]))"
+    assert 'code=~"5.."' in q[ERROR_RATE].promql and "or vector(0)" in q[ERROR_RATE].promql
+    assert "histogram_quantile(0.99" in q[P99].promql and "* 1000" in q[P99].promql
+    ratio = {x.metric: x for x in qs(AnalysisSpec(max_latency_ratio_to_stable=2))}[RATIO]
+    assert 'modeldeploy_io_revision="s1"' in ratio.promql and ratio.optional
+    assert RATIO not in {x.metric for x in qs(AnalysisSpec(max_latency_ratio_to_stable=2), stable=None)}
+
+
+def test_window_and_template_rendering():
+    assert window("1m") == "60s" and window("1s") == "2s" and window("1500ms") == "2s"
+    t = 'x{ns="{{namespace}}",n="{{ name }}",r="{{revision}}"}[{{interval}}]'
+    assert render(t, namespace="a", name="b", revision="c", interval="9s") == 'x{ns="a",n="b",r="c"}[9s]'
+
+
+@pytest.mark.parametrize(
+    ("values", "verdict", "failing"),
+    [
+        ({}, "Pass", None),
+        ({"error_rate": 0.2}, "Fail", ERROR_RATE),
+        ({"p99_latency_ms": 5000.0}, "Fail", P99),
+        ({"requests": 5.0}, "NoData", REQUESTS),
+        ({"requests": 5.0, "error_rate": 1.0}, "NoData", REQUESTS),  # too few requests to judge at all
+        ({"requests": None}, "NoData", REQUESTS),
+        ({"p99_latency_ms": None}, "NoData", P99),
+    ],
+)
+def test_judge(values, verdict, failing):
+    j = judge(samples(**values), T0)
+    assert j.verdict == verdict
+    assert (j.failing.metric if j.failing else None) == failing
+
+
+def test_an_unreachable_prometheus_is_never_a_pass():
+    j = judge([Sample(q, None, error="ConnectionError") for q in qs()], T0)
+    assert j.verdict == "NoData" and j.failing is not None and j.failing.verdict == "Error"
+    out = advance(AnalysisSpec(on_no_data="hold"), None, j, T0)
+    assert out.action == "hold"
+
+
+def test_missing_stable_ratio_does_not_block_a_pass():
+    spec = AnalysisSpec(max_latency_ratio_to_stable=2)
+    j = judge(
+        [
+            Sample(q, None if q.metric == RATIO else s.value)
+            for q, s in zip(qs(spec), samples(spec), strict=True)
+        ],
+        T0,
+    )
+    assert j.verdict == "Pass"
+
+
+def test_failure_limit_counts_consecutive_failures():
+    spec = AnalysisSpec(failure_limit=3)
+    bad = judge(samples(error_rate=0.5), T0)
+    good = judge(samples(), T0)
+    o1 = advance(spec, None, bad, T0)
+    o2 = advance(spec, o1.state, bad, T0)
+    assert (o1.action, o2.action, o2.state.consecutive_failures) == ("hold", "hold", 2)
+    o3 = advance(spec, o2.state, good, T0)
+    assert o3.action == "pass" and o3.state.consecutive_failures == 0
+    o = None
+    state = o3.state
+    for _ in range(3):
+        o = advance(spec, state, bad, T0)
+        state = o.state
+    assert o is not None and o.action == "fail"
+
+
+def test_no_data_hold_then_fail_after_timeout():
+    spec = AnalysisSpec(on_no_data="hold", no_data_timeout="30s")
+    nd = judge(samples(requests=1.0), T0)
+    o = advance(spec, None, nd, T0)
+    assert o.action == "hold" and o.state.no_data_since == T0
+    o = advance(spec, o.state, nd, T0 + timedelta(seconds=29))
+    assert o.action == "hold"
+    o = advance(spec, o.state, nd, T0 + timedelta(seconds=30))
+    assert o.action == "fail" and "noDataTimeout" in o.reason
+
+
+@pytest.mark.parametrize(("policy", "action"), [("pass", "pass"), ("fail", "fail")])
+def test_no_data_policies(policy, action):
+    o = advance(AnalysisSpec(on_no_data=policy), None, judge(samples(requests=0.0), T0), T0)
+    assert o.action == action
+
+
+def test_measurements_are_bounded():
+    st = None
+    for i in range(20):
+        st = advance(AnalysisSpec(), st, judge(samples(), T0 + timedelta(seconds=i)), T0).state
+    assert st is not None and len(st.measurements) == 16
+
+
+def test_scalar():
+    assert scalar([{"value": [0, "0.25"]}]) == 0.25
+    assert scalar([]) is None and scalar([{"value": [0, "NaN"]}]) is None and scalar(None) is None
+
+
+@pytest.mark.parametrize(
+    ("replicas", "weight", "split"),
+    [
+        (1, 5, (1, 1)),
+        (2, 25, (1, 2)),
+        (2, 50, (1, 1)),
+        (4, 25, (1, 3)),
+        (4, 50, (2, 2)),
+        (10, 5, (1, 10)),
+        (10, 25, (3, 9)),
+        (3, 100, (3, 0)),
+        (0, 50, (0, 0)),
+    ],
+)
+def test_replica_split(replicas, weight, split):
+    assert replica_split(replicas, weight) == split
+
+
+def _pod(name, rev, gate, ready=True, terminating=False):
+    return PodFacts(
+        name, rev, terminating, "Running", True, False, None, ready, ready and gate == "True", gate
+    )
+
+
+def test_pod_gates_keep_pods_in_traffic_and_take_out_extras():
+    facts = [
+        _pod("a-1", "a", "True"),
+        _pod("a-2", "a", "True"),
+        _pod("a-3", "a", None),
+        _pod("b-1", "b", None, ready=False),
+        _pod("b-2", "b", None),
+        _pod("gone-1", "gone", "True"),
+        _pod("stray-1", "stray", None),
+        _pod("a-0", "a", "True", terminating=True),
+    ]
+    spec = ModelDeployment.from_api(BASE_MD).spec
+    targets = [Target("a", spec, 3, "stable", 1), Target("b", spec, 2, "canary", 1)]
+    assert pod_gates(facts, targets) == [
+        ("a-2", False),
+        ("a-3", False),
+        ("b-1", False),
+        ("b-2", True),  # the ready one first
+        ("gone-1", False),  # a revision on its way out leaves traffic
+    ]
+
+
+def test_httproute_weights():
+    assert backend_weights("s", None, None) == [("s", 100)]
+    assert backend_weights("s", "c", 25) == [("s", 75), ("c", 25)]
+    body = {
+        **BASE_MD,
+        "spec": {
+            **BASE_MD["spec"],
+            "rollout": {
+                "trafficRouting": {"mode": "gatewayAPI", "gatewayAPI": {"parentRefs": [{"name": "gw"}]}}
+            },
+        },
+    }
+    route = build_httproute(ModelDeployment.from_api(body), "s", "c", 30)
+    assert route["apiVersion"] == "gateway.networking.k8s.io/v1" and route["kind"] == "HTTPRoute"
+    refs = route["spec"]["rules"][0]["backendRefs"]
+    assert [(r["name"], r["port"], r["weight"]) for r in refs] == [
+        ("minilm-s", 8080, 70),
+        ("minilm-c", 8080, 30),
+    ]
+    assert route["metadata"]["ownerReferences"][0]["uid"] == "md-uid-1"

@@ -1,0 +1,482 @@
+"""Progressive delivery as a spec: steps, judging, promotion, rollback, warm standby, failback,
+commands and restarts -- the reconciler against the in-memory apiserver, a fake clock and a fake
+Prometheus (tests/unit/operator/md_canary.py). Deterministic: no sleeps, no network."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from md_canary import World, canary_md
+from modeldeploy import builders as b
+from modeldeploy import metrics
+from modeldeploy.analysis import ERROR_RATE, P99, REQUESTS
+from modeldeploy.canary import COMMAND_ANNOTATION
+
+
+def rollout_metric(result: str) -> float:
+    return metrics.ROLLOUTS.labels(result=result)._value.get()
+
+
+def command(w: World, **cmd) -> None:
+    w.annotate(COMMAND_ANNOTATION, json.dumps(cmd))
+
+
+# ---------------------------------------------------------------------------------------------- first
+
+
+def test_first_revision_goes_straight_to_100_percent():
+    w = World()
+    rev = w.deploy_first()
+    st = w.status
+    assert st["stableRevision"] == rev and "canaryRevision" not in st and "step" not in st
+    assert w.in_traffic(rev) == 2
+    assert [h["outcome"] for h in st["history"]] == ["Deployed"]
+    assert st["phase"] == "Healthy"
+    assert w.prom.queries == []  # nothing to judge
+
+
+# ---------------------------------------------------------------------------------------------- promotion
+
+
+def test_good_revision_is_promoted_through_every_step_with_warm_previous():
+    w = World()
+    old = w.deploy_first()
+    old_pods = set(w.gated(old))
+    new = w.new_version("2")
+    w.reconcile()
+    st = w.status
+    assert (st["canaryRevision"], st["step"], st["canaryWeight"]) == (new, 0, 25)
+    # replicas mode, 2 replicas, 25 %: one canary pod next to two stable pods -> 33 %
+    assert (w.in_traffic(new), w.in_traffic(old)) == (1, 2)
+    assert st["achievedCanaryWeight"] == 33
+    assert st["phase"] == "Progressing"
+    seen = []
+    for _ in range(40):
+        w.run_for(1)
+        st = w.status
+        seen.append((st.get("step"), st.get("canaryWeight"), st.get("achievedCanaryWeight")))
+        if st["stableRevision"] == new:
+            break
+    steps = [s for s in dict.fromkeys(seen) if s[0] is not None]
+    assert steps == [(0, 25, 33), (1, 50, 50), (2, 100, 100)]
+    assert w.prom.windows(new) == 3  # exactly one judged window per step
+    st = w.status
+    assert st["stableRevision"] == new and "canaryRevision" not in st
+    assert st["previousRevision"] == old and st["previousExpiresAt"]
+    assert [h["outcome"] for h in st["history"]] == ["Deployed", "Promoted"]
+    # the previous revision keeps one warm pod, out of traffic, one of its original pods (not restarted)
+    assert w.in_traffic(new) == 2 and w.in_traffic(old) == 0
+    warm = w.gated(old)
+    assert len(warm) == 1 and set(warm.values()) == {"False"} and set(warm) <= old_pods
+    assert {r["revision"]: r["role"] for r in st["revisions"]} == {new: "stable", old: "previous"}
+    assert {"CanaryStarted", "AnalysisPassed", "StepAdvanced", "Promoted"} <= set(w.event_reasons())
+
+
+def test_previous_revision_is_scaled_down_after_its_ttl():
+    w = World(canary_md(keepPrevious={"replicas": 1, "ttl": "60s"}, bakeTime="0s"))
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    w.run_for(35)
+    assert w.status["stableRevision"] == new and w.status["previousRevision"] == old
+    w.run_for(60)
+    assert "previousRevision" not in w.status
+    assert w.fake.obj("Deployment", f"minilm-{old}") is None
+    assert "PreviousExpired" in w.event_reasons()
+
+
+def test_a_promotion_with_keep_previous_zero_removes_the_old_revision():
+    w = World(canary_md(keepPrevious={"replicas": 0, "ttl": "5m"}))
+    old = w.deploy_first()
+    w.new_version("2")
+    w.reconcile()
+    w.run_for(35)
+    assert "previousRevision" not in w.status
+    assert w.fake.obj("Deployment", f"minilm-{old}") is None
+
+
+# ---------------------------------------------------------------------------------------------- rollback
+
+
+def test_erroring_canary_is_rolled_back_at_the_first_failed_window():
+    w = World()
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {ERROR_RATE: 0.2}
+    before = rollout_metric("rolled_back")
+    w.reconcile()
+    w.run_for(9)
+    assert w.status["canaryRevision"] == new  # the first window is judged after one interval
+    w.run_for(1)
+    st = w.status
+    assert "canaryRevision" not in st and st["stableRevision"] == old
+    assert st["phase"] == "Degraded"
+    assert w.cond("Degraded")["reason"] == "RolledBack"
+    assert "error-rate" in w.cond("Degraded")["message"]
+    h = st["history"][-1]
+    assert (h["revision"], h["outcome"]) == (new, "RolledBack")
+    m = h["measurement"]
+    assert m["metric"] == ERROR_RATE and m["value"] == 0.2 and m["threshold"] == 0.01
+    assert 'code=~"5.."' in m["query"] and f'modeldeploy_io_revision="{new}"' in m["query"]
+    ev = [e for e in w.fake.events if e["reason"] == "RolledBack" and e["message"].startswith("revision")]
+    assert len(ev) == 1 and ev[0]["type"] == "Warning" and "0.2" in ev[0]["message"]
+    assert rollout_metric("rolled_back") == before + 1
+    # all traffic on the stable revision; the failed revision is gone and stays gone
+    assert w.in_traffic(old) == 2 and w.pods(new) == []
+    assert w.fake.obj("Deployment", f"minilm-{new}") is None
+    w.run_for(30)
+    assert w.fake.obj("Deployment", f"minilm-{new}") is None
+    assert [h["outcome"] for h in w.status["history"]].count("RolledBack") == 1
+
+
+def test_rollback_takes_the_canary_out_of_traffic_before_anything_is_deleted():
+    w = World()
+    w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {ERROR_RATE: 0.5}
+    w.reconcile()
+    w.clock.tick(10)
+    w.fake.writes.clear()
+    w.rec.reconcile("default", "minilm")
+    canary_pods = {p["metadata"]["name"] for p in w.pods(new)}
+    gate_writes = [i for i, wr in enumerate(w.fake.writes) if wr[1] == "Pod/status" and wr[2] in canary_pods]
+    delete = w.fake.writes.index(("delete", "Deployment", f"minilm-{new}"))
+    assert gate_writes and max(gate_writes) < delete
+    assert set(w.gated(new).values()) == {"False"}
+
+
+def test_slow_canary_is_rolled_back_on_p99():
+    w = World()
+    w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {P99: 1500.0}
+    w.reconcile()
+    w.run_for(10)
+    h = w.status["history"][-1]
+    assert h["outcome"] == "RolledBack" and h["measurement"]["metric"] == P99
+
+
+def test_latency_ratio_to_stable_is_judged_against_the_stable_revision():
+    w = World(canary_md(analysis={"maxLatencyRatioToStable": 1.5}))
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {"latency-ratio-to-stable": 3.0}
+    w.reconcile()
+    w.run_for(10)
+    h = w.status["history"][-1]
+    assert h["outcome"] == "RolledBack" and h["measurement"]["metric"] == "latency-ratio-to-stable"
+    assert f'modeldeploy_io_revision="{old}"' in h["measurement"]["query"]
+
+
+def test_failure_limit_needs_consecutive_failures():
+    w = World(canary_md(analysis={"failureLimit": 2}))
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {ERROR_RATE: 0.2}
+    w.reconcile()
+    w.run_for(10)
+    st = w.status
+    assert st["canaryRevision"] == new and st["step"] == 0
+    assert st["analysis"]["consecutiveFailures"] == 1
+    w.run_for(10)
+    assert w.status["stableRevision"] == old and w.status["history"][-1]["outcome"] == "RolledBack"
+
+
+def test_a_pass_resets_consecutive_failures():
+    w = World(canary_md(analysis={"failureLimit": 2}))
+    w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {ERROR_RATE: 0.2}
+    w.reconcile()
+    w.run_for(10)
+    w.prom.values[new] = {}
+    w.run_for(10)
+    assert w.status["step"] == 1 and w.status["analysis"]["consecutiveFailures"] == 0
+
+
+def test_custom_metric_template_and_min_threshold():
+    w = World(
+        canary_md(
+            analysis={
+                "metrics": [
+                    {
+                        "name": "batch-fill",
+                        "query": 'avg(x{namespace="{{namespace}}",rev="{{revision}}",'
+                        'n="{{name}}"}[{{interval}}])',
+                        "min": 0.5,
+                    }
+                ]
+            }
+        )
+    )
+    w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {"batch-fill": 0.1}
+    w.reconcile()
+    w.run_for(10)
+    h = w.status["history"][-1]
+    assert h["outcome"] == "RolledBack"
+    assert h["measurement"]["query"] == f'avg(x{{namespace="default",rev="{new}",n="minilm"}}[10s])'
+    assert h["measurement"]["threshold"] == 0.5
+
+
+# ---------------------------------------------------------------------------------------------- no data
+
+
+def test_no_data_holds_then_fails_after_the_timeout():
+    w = World(canary_md(analysis={"noDataTimeout": "30s"}))
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {REQUESTS: 3.0}  # under minRequests (20)
+    w.reconcile()
+    w.run_for(35)
+    st = w.status
+    assert st["canaryRevision"] == new and st["step"] == 0  # held, never promoted
+    assert st["analysis"]["noDataSince"]
+    w.run_for(10)
+    st = w.status
+    assert st["stableRevision"] == old and st["history"][-1]["outcome"] == "RolledBack"
+    assert "noDataTimeout" in st["history"][-1]["reason"]
+
+
+def test_prometheus_unreachable_is_no_data_never_a_pass():
+    w = World(canary_md(analysis={"onNoData": "hold", "noDataTimeout": "1h"}))
+    w.deploy_first()
+    new = w.new_version("2")
+    w.prom.down = True
+    w.reconcile()
+    w.run_for(120)
+    st = w.status
+    assert st["canaryRevision"] == new and st["step"] == 0
+    assert {m["verdict"] for m in st["analysis"]["measurements"]} == {"Error"}
+    w.prom.down = False
+    w.run_for(10)
+    assert w.status["step"] == 1
+
+
+@pytest.mark.parametrize(("policy", "outcome"), [("pass", "step1"), ("fail", "RolledBack")])
+def test_on_no_data_pass_and_fail(policy, outcome):
+    w = World(canary_md(analysis={"onNoData": policy}))
+    w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {REQUESTS: 0.0}
+    w.reconcile()
+    w.run_for(10)
+    st = w.status
+    got = "step1" if st.get("step") == 1 else st["history"][-1]["outcome"]
+    assert got == outcome
+
+
+# ---------------------------------------------------------------------------------------------- changes
+
+
+def test_a_new_revision_mid_rollout_supersedes_the_canary():
+    w = World()
+    old = w.deploy_first()
+    v2 = w.new_version("2")
+    w.reconcile()
+    w.run_for(15)
+    assert w.status["step"] == 1
+    v3 = w.new_version("3")
+    w.reconcile()
+    st = w.status
+    assert (st["canaryRevision"], st["step"], st["stableRevision"]) == (v3, 0, old)
+    assert w.fake.obj("Deployment", f"minilm-{v2}") is None
+    assert [h["outcome"] for h in st["history"]][-1] == "Superseded"
+    assert st["history"][-1]["revision"] == v2
+
+
+def test_reverting_the_spec_aborts_the_canary():
+    w = World()
+    old = w.deploy_first()
+    body = json.loads(json.dumps(w.raw["spec"]["model"]))
+    v2 = w.new_version("2")
+    w.reconcile()
+    w.edit(model=body)
+    w.reconcile()
+    st = w.status
+    assert st["stableRevision"] == old and "canaryRevision" not in st
+    assert st["history"][-1]["outcome"] == "Aborted" and st["history"][-1]["revision"] == v2
+    assert w.pods(v2) == []
+
+
+def test_paused_holds_the_step_without_judging():
+    w = World()
+    w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    w.edit(rollout={**w.raw["spec"]["rollout"], "paused": True})
+    w.run_for(60)
+    st = w.status
+    assert st["step"] == 0 and st["phase"] == "Paused" and w.prom.windows(new) == 0
+    w.edit(rollout={**w.raw["spec"]["rollout"], "paused": False})
+    w.run_for(1)
+    assert w.status["step"] == 1  # the held step had its interval long ago: judged at once
+
+
+def test_operator_restart_mid_rollout_resumes_the_same_step():
+    w = World()
+    w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    w.run_for(15)
+    assert w.status["step"] == 1
+    judged = w.prom.windows(new)
+    w.rec = w.new_operator()  # everything in memory is lost
+    w.run_for(4)
+    assert w.status["step"] == 1 and w.prom.windows(new) == judged  # no step repeated or skipped
+    w.run_for(6)
+    assert w.status["step"] == 2 and w.prom.windows(new) == judged + 1
+
+
+# ---------------------------------------------------------------------------------------------- failback
+
+
+def test_bad_during_bake_fails_back_to_the_warm_previous_without_restarting_it():
+    w = World()
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    w.run_for(35)
+    assert w.status["stableRevision"] == new
+    warm = set(w.gated(old))
+    assert len(warm) == 1
+    w.prom.values[new] = {ERROR_RATE: 0.3}
+    before = rollout_metric("failed_back")
+    w.clock.tick(10)
+    w.rec.reconcile("default", "minilm")  # the decision: traffic first
+    st = w.status
+    assert st["stableRevision"] == old and "previousRevision" not in st
+    assert set(w.gated(new).values()) == {"False"}
+    assert {n: g for n, g in w.gated(old).items() if n in warm} == dict.fromkeys(warm, "True")
+    w.controllers()
+    assert w.in_traffic(new) == 0 and w.in_traffic(old) >= 1 and warm <= set(w.gated(old))
+    w.reconcile()
+    assert w.in_traffic(old) == 2 and w.pods(new) == []
+    h = w.status["history"][-1]
+    assert (h["revision"], h["outcome"]) == (new, "FailedBack") and h["measurement"]["metric"] == ERROR_RATE
+    assert w.status["phase"] == "Degraded" and w.cond("Degraded")["reason"] == "FailedBack"
+    assert rollout_metric("failed_back") == before + 1
+    w.run_for(60)
+    assert w.status["stableRevision"] == old  # the failed revision is not tried again
+
+
+def test_analysis_stops_after_the_bake_time():
+    w = World()
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    w.run_for(35)
+    w.run_for(31)
+    n = w.prom.windows(new)
+    w.prom.values[new] = {ERROR_RATE: 0.3}
+    w.run_for(60)
+    assert w.prom.windows(new) == n and w.status["stableRevision"] == new
+    assert w.status["previousRevision"] == old
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+def test_promote_moves_one_step_and_is_idempotent():
+    w = World()
+    w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    command(w, action="promote", revision=new, step=0)
+    w.reconcile()
+    assert w.status["step"] == 1
+    assert COMMAND_ANNOTATION not in (w.raw["metadata"].get("annotations") or {})
+    command(w, action="promote", revision=new, step=0)  # the same command again (e.g. replayed)
+    w.reconcile()
+    assert w.status["step"] == 1
+
+
+def test_promote_full_skips_the_remaining_steps():
+    w = World()
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    command(w, action="promote", revision=new, full=True)
+    w.reconcile()
+    st = w.status
+    assert st["stableRevision"] == new and st["previousRevision"] == old
+    assert "by hand" in st["history"][-1]["reason"]
+
+
+def test_abort_rolls_back_and_marks_the_revision_aborted():
+    w = World()
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    command(w, action="abort", revision=new)
+    w.reconcile()
+    st = w.status
+    assert st["stableRevision"] == old and st["history"][-1]["outcome"] == "Aborted"
+    assert w.pods(new) == [] and st["phase"] == "Degraded"
+
+
+def test_manual_rollback_fails_back_to_the_warm_previous():
+    w = World(canary_md(bakeTime="0s"))
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    w.run_for(35)
+    assert w.status["stableRevision"] == new
+    command(w, action="rollback", revision=new)
+    w.reconcile()
+    st = w.status
+    assert st["stableRevision"] == old and st["history"][-1]["outcome"] == "FailedBack"
+    assert "manual" in st["history"][-1]["reason"] and w.in_traffic(old) == 2
+    # without a warm revision a rollback is refused with a warning, nothing changes
+    command(w, action="rollback", revision=old)
+    w.reconcile()
+    assert w.status["stableRevision"] == old and "RollbackImpossible" in w.event_reasons()
+
+
+def test_a_stale_command_is_dropped():
+    w = World()
+    w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    command(w, action="abort", revision="someotherrev")
+    w.reconcile()
+    assert w.status["canaryRevision"] == new
+    assert COMMAND_ANNOTATION not in (w.raw["metadata"].get("annotations") or {})
+
+
+# ---------------------------------------------------------------------------------------------- gateway
+
+
+def test_gateway_api_mode_writes_exact_weights_in_an_httproute():
+    body = canary_md(trafficRouting={"mode": "gatewayAPI", "gatewayAPI": {"parentRefs": [{"name": "gw"}]}})
+    w = World(body)
+    old = w.deploy_first()
+    route = w.fake.obj("HTTPRoute", "minilm")
+    refs = route["spec"]["rules"][0]["backendRefs"]
+    assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{old}", 100)]
+    assert route["spec"]["parentRefs"][0]["name"] == "gw"
+    new = w.new_version("2")
+    w.reconcile()
+    refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
+    assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{old}", 75), (f"minilm-{new}", 25)]
+    assert w.status["achievedCanaryWeight"] == 25
+    w.run_for(10)
+    refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
+    assert [r["weight"] for r in refs] == [50, 50]
+    w.prom.values[new] = {ERROR_RATE: 0.5}
+    w.run_for(10)
+    refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
+    assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{old}", 100)]
+    assert w.fake.obj("Service", f"minilm-{new}") is None
+
+
+def test_revision_services_and_deployment_labels_stay_per_revision():
+    w = World()
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    svc = w.fake.obj("Service", f"minilm-{new}")
+    assert svc["spec"]["selector"][b.LABEL_REVISION] == new
+    assert w.fake.obj("Service", f"minilm-{old}") is not None
