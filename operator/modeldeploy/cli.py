@@ -1,8 +1,19 @@
 """``kubectl-modeldeploy``: the kubectl plugin (``kubectl modeldeploy ...`` when on PATH).
 
     kubectl modeldeploy status NAME [-n NS] [--watch] [--output text|json]
+    kubectl modeldeploy promote NAME [--full]   # next step now, or straight to 100 % and promoted
+    kubectl modeldeploy abort NAME              # roll the canary back now
+    kubectl modeldeploy rollback NAME           # fail back to the warm previous revision
+    kubectl modeldeploy pause NAME | resume NAME
 
-The rollout commands (promote, abort, rollback, pause, resume) come with progressive delivery.
+How they are carried out (they survive operator restarts, both are stored in the object):
+
+* ``pause``/``resume`` patch ``spec.rollout.paused`` (a spec field, as declarative as the rest);
+* ``promote``/``abort``/``rollback`` write the ``modeldeploy.io/command`` annotation, a JSON object
+  naming the state it was issued against (``{"action": "promote", "revision": <canary>, "step": <step>}``,
+  ``{"action": "abort", "revision": <canary>}``, ``{"action": "rollback", "revision": <stable>}``). The
+  operator acts only if the state still matches, then removes the annotation; a command that no longer
+  matches (the rollout moved on) is dropped, so a command is never applied twice.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from . import kube as k
+from .canary import COMMAND_ANNOTATION
 
 
 def _age(ts: str | None, now: datetime) -> str:
@@ -51,9 +63,14 @@ def render_status(md: dict[str, Any], now: datetime | None = None) -> str:
         f"model {model.get('name')}:{model.get('version')}  phase {st.get('phase', '-')}  "
         f"ready {st.get('ready', '-')}",
         f"  revision {st.get('revision', '-')}  stable {st.get('stableRevision', '-')}  "
-        f"canary {st.get('canaryRevision') or '-'}  weight {st.get('canaryWeight', '-')}  "
-        f"step {st.get('step', '-')}  previous {st.get('previousRevision') or '-'}",
+        f"canary {st.get('canaryRevision') or '-'}  weight {st.get('canaryWeight', '-')}"
+        f" (achieved {st.get('achievedCanaryWeight', '-')})  "
+        f"step {_step(spec, st)}  previous {st.get('previousRevision') or '-'}"
+        + (f" (warm until {st['previousExpiresAt']})" if st.get("previousExpiresAt") else ""),
     ]
+    pending = (meta.get("annotations") or {}).get(COMMAND_ANNOTATION)
+    if pending:
+        lines.append(f"  pending command: {pending}")
     if st.get("observedGeneration") != meta.get("generation"):
         lines.append(
             f"  (status is for generation {st.get('observedGeneration')}, spec is {meta.get('generation')})"
@@ -137,6 +154,66 @@ def render_status(md: dict[str, Any], now: datetime | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _step(spec: dict[str, Any], st: dict[str, Any]) -> str:
+    step = st.get("step")
+    if step is None:
+        return "-"
+    steps = (spec.get("rollout") or {}).get("steps") or [5, 25, 50, 100]
+    paused = " paused" if (spec.get("rollout") or {}).get("paused") else ""
+    return f"{step + 1}/{len(steps)}{paused}"
+
+
+def command_for(action: str, md: dict[str, Any], full: bool = False) -> dict[str, Any]:
+    """The command annotation for ``action`` against the current state (pure); ValueError if it makes
+    no sense now."""
+    st = md.get("status") or {}
+    canary, stable = st.get("canaryRevision"), st.get("stableRevision")
+    if action == "promote":
+        if not canary:
+            raise ValueError("no canary in progress")
+        return {"action": "promote", "revision": canary, "step": st.get("step", 0), "full": full}
+    if action == "abort":
+        if not canary:
+            raise ValueError("no canary in progress")
+        return {"action": "abort", "revision": canary}
+    if action == "rollback":
+        if canary:
+            return {"action": "abort", "revision": canary}
+        if not st.get("previousRevision"):
+            raise ValueError("no warm previous revision to roll back to")
+        return {"action": "rollback", "revision": stable}
+    raise ValueError(f"unknown action {action}")
+
+
+def _command(kube: k.Kube, args: argparse.Namespace) -> int:
+    md = kube.get(k.MODELDEPLOYMENT, args.namespace, args.name)
+    if md is None:
+        print(f"modeldeployment {args.namespace}/{args.name} not found", file=sys.stderr)
+        return 1
+    try:
+        cmd = command_for(args.command, md, full=getattr(args, "full", False))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    cmd["issuedAt"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    patch = {
+        "metadata": {
+            "resourceVersion": md["metadata"]["resourceVersion"],
+            "annotations": {COMMAND_ANNOTATION: json.dumps(cmd, sort_keys=True)},
+        }
+    }
+    kube.merge_patch(k.MODELDEPLOYMENT, args.namespace, args.name, patch)
+    print(f"modeldeployment {args.namespace}/{args.name}: {cmd['action']} requested ({json.dumps(cmd)})")
+    return 0
+
+
+def _pause(kube: k.Kube, args: argparse.Namespace) -> int:
+    paused = args.command == "pause"
+    kube.merge_patch(k.MODELDEPLOYMENT, args.namespace, args.name, {"spec": {"rollout": {"paused": paused}}})
+    print(f"modeldeployment {args.namespace}/{args.name}: {'paused' if paused else 'resumed'}")
+    return 0
+
+
 def _status(kube: k.Kube, args: argparse.Namespace) -> int:
     while True:
         md = kube.get(k.MODELDEPLOYMENT, args.namespace, args.name)
@@ -165,6 +242,22 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--interval", type=float, default=2.0)
     st.add_argument("-o", "--output", choices=("text", "json"), default="text")
     st.set_defaults(func=_status)
+    for name, help_ in (
+        ("promote", "move the canary to the next step now (--full: promote it now)"),
+        ("abort", "roll the canary back now"),
+        ("rollback", "fail back to the warm previous revision (or abort a canary)"),
+    ):
+        c = sub.add_parser(name, help=help_)
+        c.add_argument("name")
+        c.add_argument("-n", "--namespace", default="default")
+        if name == "promote":
+            c.add_argument("--full", action="store_true", help="skip the remaining steps")
+        c.set_defaults(func=_command)
+    for name in ("pause", "resume"):
+        c = sub.add_parser(name, help=f"{name} the rollout (spec.rollout.paused)")
+        c.add_argument("name")
+        c.add_argument("-n", "--namespace", default="default")
+        c.set_defaults(func=_pause)
     return p
 
 

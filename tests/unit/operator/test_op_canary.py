@@ -480,3 +480,44 @@ def test_revision_services_and_deployment_labels_stay_per_revision():
     svc = w.fake.obj("Service", f"minilm-{new}")
     assert svc["spec"]["selector"][b.LABEL_REVISION] == new
     assert w.fake.obj("Service", f"minilm-{old}") is not None
+
+
+# ---------------------------------------------------------------------------------------------- plugin
+
+
+def plugin(w: World, *argv: str) -> int:
+    from modeldeploy import cli
+
+    args = cli.build_parser().parse_args([*argv, "-n", "default"])
+    return int(args.func(w.fake, args))
+
+
+def test_plugin_commands_drive_the_rollout(capsys):
+    w = World()
+    old = w.deploy_first()
+    assert plugin(w, "promote", "minilm") == 1  # no canary
+    assert plugin(w, "rollback", "minilm") == 1  # nothing warm
+    new = w.new_version("2")
+    w.reconcile()
+    assert plugin(w, "pause", "minilm") == 0
+    assert w.raw["spec"]["rollout"]["paused"] is True
+    w.reconcile()
+    assert w.status["phase"] == "Paused"
+    assert plugin(w, "promote", "minilm") == 0
+    w.reconcile()
+    assert w.status["step"] == 1
+    assert plugin(w, "resume", "minilm") == 0
+    assert plugin(w, "promote", "minilm", "--full") == 0
+    w.reconcile()
+    assert w.status["stableRevision"] == new and w.status["previousRevision"] == old
+    assert plugin(w, "rollback", "minilm") == 0
+    w.reconcile()
+    assert w.status["stableRevision"] == old and w.status["history"][-1]["outcome"] == "FailedBack"
+    v3 = w.new_version("3")
+    w.reconcile()
+    assert plugin(w, "abort", "minilm") == 0
+    w.reconcile()
+    assert w.status["history"][-1]["revision"] == v3 and w.status["history"][-1]["outcome"] == "Aborted"
+    assert plugin(w, "status", "minilm") == 0
+    out = capsys.readouterr().out
+    assert "Aborted" in out and "FailedBack" in out
