@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_cluster import CHART, CRDS, Helm, create_namespace, delete_namespace
+from chart_cluster import CHART, CRDS, REPO, Helm, create_namespace, delete_namespace
 
 CI_VALUES = sorted((CHART / "ci").glob("*.yaml"))
 VALUES = [None, *CI_VALUES]
@@ -56,3 +56,20 @@ def test_template_accepted_by_the_apiserver(kube: Any, helm: Helm, prerequisites
     res = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
     assert res.returncode == 0, res.stderr
     assert res.stdout.count("(server dry run)") == sum(1 for d in yaml.safe_load_all(rendered) if d)
+
+
+def test_deploy_prometheus_accepted_by_the_apiserver(kube: Any) -> None:
+    """deploy/prometheus (the kind e2e run's Prometheus); its namespace must exist for a dry run."""
+    manifest = REPO / "deploy" / "prometheus" / "prometheus.yaml"
+    docs = [d for d in yaml.safe_load_all(manifest.read_text()) if d]
+    (ns,) = [d["metadata"]["name"] for d in docs if d["kind"] == "Namespace"]
+    created = kube.get(f"/api/v1/namespaces/{ns}") is None
+    if created:
+        create_namespace(kube, ns)
+    try:
+        res = kube.kubectl("apply", "--dry-run=server", "-f", str(manifest), check=False)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.count("(server dry run)") == len(docs)
+    finally:
+        if created:
+            delete_namespace(kube, ns)
