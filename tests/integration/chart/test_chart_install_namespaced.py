@@ -226,3 +226,33 @@ def test_uninstall_keeps_modeldeployments_and_their_children_serving(
     assert kids["deployments"] and kids["services"] and kids["pdbs"]
     assert len(kids["pods"]) == 2
     assert len(kube.endpoint_ips(ns, "echo")) == 2
+
+
+def test_reinstall_adopts_the_running_modeldeployments_without_restarting_them(
+    kube: Any, release: Release, helm: Helm
+) -> None:
+    ns = release.watched[0]
+    pods = {p["metadata"]["uid"] for p in children(kube, ns, "echo")["pods"]}
+    assert len(pods) == 2
+    install(helm, kube, release)
+    wait_for(lambda: running_operator(kube, release), timeout=120, what="reinstalled operator Running")
+    # the operator acts again (a change is reconciled) and the serving pods were never replaced
+    kube.kubectl("patch", "-n", ns, "md/echo", "--type=merge", "-p", '{"spec":{"replicas":1}}')
+    wait_for(lambda: md_ready(kube, ns, "echo", replicas=1), timeout=180, interval=0.5, what="echo 1/1")
+    (left,) = wait_for(
+        lambda: (
+            len(
+                live := [
+                    p
+                    for p in children(kube, ns, "echo")["pods"]
+                    if not p["metadata"].get("deletionTimestamp")
+                ]
+            )
+            == 1
+            and live
+        ),
+        timeout=120,
+        what="one serving pod left",
+    )
+    assert left["metadata"]["uid"] in pods
+    assert all(cs["restartCount"] == 0 for cs in left["status"]["containerStatuses"])
