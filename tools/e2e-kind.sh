@@ -140,11 +140,12 @@ helm repo add nvdp https://nvidia.github.io/k8s-device-plugin --force-update >/d
 helm upgrade --install nvidia-device-plugin nvdp/nvidia-device-plugin --version "$DEVICE_PLUGIN_VERSION" \
   --namespace nvidia --create-namespace --wait --timeout 300s
 log "waiting for nvidia.com/gpu allocatable (up to ${GPU_WAIT_S}s)"
-gpus=""
-for ((waited = 0; waited <= GPU_WAIT_S; waited += 5)); do
+deadline=$((SECONDS + GPU_WAIT_S))
+while :; do
   gpus=$(kubectl get nodes -l nvidia.com/gpu.present=true \
     -o jsonpath='{range .items[*]}{.status.allocatable.nvidia\.com/gpu}{" "}{end}')
   [[ "$gpus" =~ [1-9] ]] && break
+  ((SECONDS < deadline)) || break
   sleep 5
 done
 [[ "$gpus" =~ [1-9] ]] || die "no nvidia.com/gpu allocatable after ${GPU_WAIT_S}s: kubectl -n nvidia logs -l app.kubernetes.io/name=nvidia-device-plugin"
