@@ -1,0 +1,353 @@
+"""Progressive delivery end to end on the local cluster: the operator, real server processes (the noop
+model with knobs: good, erroring, slow, failing on a marker text), the real Prometheus scraping them
+every second, and a bounded load generator routing like a client would (tests/e2e/canary_support.py).
+
+Short intervals (6 s) and steps [25, 50, 100] keep the file to a few minutes. Times are measured and
+printed (and written to $CANARY_E2E_REPORT when set), never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localcluster.testing import Kube, wait_for
+
+from .canary_support import LoadGenerator, events, md_status, noop_md, pids
+
+NAME = "echo"
+GOOD = "noop://?delay_ms=2"
+REPORT: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report() -> Any:
+    yield REPORT
+    text = json.dumps(REPORT, indent=2, sort_keys=True, default=str)
+    sys.stderr.write(f"\n--- canary e2e figures ---\n{text}\n")
+    if os.environ.get("CANARY_E2E_REPORT"):
+        Path(os.environ["CANARY_E2E_REPORT"]).write_text(text)
+
+
+def deploy(kube: Kube, ns: str, version: str, uri: str, **rollout: Any) -> None:
+    kube.apply(noop_md(NAME, version, uri, **rollout), ns)
+
+
+def healthy_on(kube: Kube, ns: str, version: str) -> str:
+    def ok() -> str | None:
+        st = md_status(kube, ns, NAME)
+        revs = {r["revision"]: r for r in st.get("revisions", [])}
+        stable = st.get("stableRevision")
+        if (
+            st.get("phase") == "Healthy"
+            and not st.get("canaryRevision")
+            and stable in revs
+            and revs[stable].get("modelVersion") == version
+        ):
+            return str(stable)
+        return None
+
+    return wait_for(ok, timeout=90, interval=0.2, what=f"{NAME} healthy on version {version}")
+
+
+def revision_of(kube: Kube, ns: str) -> str:
+    return wait_for(lambda: md_status(kube, ns, NAME).get("revision"), timeout=30, what="status.revision")
+
+
+def new_revision(kube: Kube, ns: str, old_rev: str) -> str:
+    return wait_for(
+        lambda: (r := md_status(kube, ns, NAME).get("revision")) != old_rev and r,
+        timeout=30,
+        what="the new revision in status",
+    )
+
+
+class Watcher:
+    """Polls the status; keeps the distinct (step, weight, achieved) states and when they were seen."""
+
+    def __init__(self, kube: Kube, ns: str) -> None:
+        self.kube, self.ns = kube, ns
+        self.seen: list[tuple[float, Any, Any, Any]] = []
+
+    def until(self, pred: Any, timeout: float, what: str) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            st = md_status(self.kube, self.ns, NAME)
+            key = (st.get("step"), st.get("canaryWeight"), st.get("achievedCanaryWeight"))
+            if not self.seen or self.seen[-1][1:] != key:
+                self.seen.append((time.monotonic(), *key))
+            return st if pred(st) else None
+
+        return wait_for(check, timeout=timeout, interval=0.1, what=what)
+
+    def steps(self) -> list[tuple[Any, Any, Any]]:
+        return [s[1:] for s in self.seen if s[1] is not None]
+
+
+def last_history(st: dict[str, Any], revision: str) -> dict[str, Any] | None:
+    return next((h for h in reversed(st.get("history", [])) if h["revision"] == revision), None)
+
+
+def outcome_is(revision: str, outcome: str) -> Any:
+    return lambda st: (h := last_history(st, revision)) is not None and h["outcome"] == outcome
+
+
+def wall_to_mono(ts: str) -> float:
+    t = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    return t - (time.time() - time.monotonic())
+
+
+# ---------------------------------------------------------------------------------------------- 1
+
+
+@pytest.mark.parametrize("mode", ["replicas", "gatewayAPI"])
+def test_good_revision_is_promoted_through_every_step(
+    kube: Kube, operator: Any, namespace: str, mode: str
+) -> None:
+    ns = namespace
+    routing: dict[str, Any] = {"mode": mode}
+    if mode == "gatewayAPI":
+        routing["gatewayAPI"] = {"parentRefs": [{"name": "public-gateway"}]}
+    replicas = 2 if mode == "replicas" else 1
+    deploy(kube, ns, "1", GOOD, replicas=replicas, trafficRouting=routing)
+    v1 = healthy_on(kube, ns, "1")
+    load = LoadGenerator(kube, ns, NAME, mode=mode).start()
+    try:
+        deploy(kube, ns, "2", GOOD + "&rev=2", replicas=replicas, trafficRouting=routing)
+        v2 = new_revision(kube, ns, v1)
+        w = Watcher(kube, ns)
+        started = time.monotonic()
+        st = w.until(outcome_is(v2, "Promoted"), timeout=120, what="v2 promoted")
+        took = time.monotonic() - started
+        time.sleep(1.5)
+    finally:
+        load.stop()
+    steps = w.steps()
+    print(f"{mode}: states seen {steps}; promoted after {took:.1f}s; load {load.by_revision()}")
+    REPORT[f"scenario1_{mode}"] = {
+        "states_seen(step,requested,achieved)": steps,
+        "promoted_after_s": round(took, 1),
+        "requests_by_revision": dict(load.by_revision()),
+        "failed_share": load.failed_share(),
+    }
+    assert list(dict.fromkeys(s[:2] for s in steps)) == [(0, 25), (1, 50), (2, 100)]
+    if mode == "replicas":
+        assert {s[2] for s in steps if s[0] == 0} >= {33}  # 1 canary pod next to 2 stable pods
+    else:
+        assert list(dict.fromkeys(s[2] for s in steps)) == [25, 50, 100]  # exact route weights
+    assert st["stableRevision"] == v2 and st["previousRevision"] == v1 and not st.get("canaryRevision")
+    assert [h["outcome"] for h in st["history"]][-1] == "Promoted"
+    seen = load.by_revision()
+    assert seen[v1] > 0 and seen[v2] > 0 and load.failed_share() == 0.0
+
+    # the previous revision is warm: one pod, running, out of traffic (the status written with the
+    # promotion still counts the pods as they were observed before their gates flipped)
+    def warm() -> bool:
+        prev = {r["revision"]: r for r in md_status(kube, ns, NAME)["revisions"]}[v1]
+        return prev["role"] == "previous" and prev["inTrafficReplicas"] == 0 and prev["readyReplicas"] == 1
+
+    wait_for(warm, timeout=30, what="one warm pod of the previous revision, out of traffic")
+    reasons = [e["reason"] for e in events(kube, ns, NAME)]
+    assert {"CanaryStarted", "AnalysisPassed", "StepAdvanced", "Promoted"} <= set(reasons)
+    passed = next(e for e in events(kube, ns, NAME) if e["reason"] == "AnalysisPassed")
+    assert "modelserver_requests_total" in passed["message"]  # the query and the value are in the event
+    if mode == "gatewayAPI":
+        route = kube.get(f"/apis/gateway.networking.k8s.io/v1/namespaces/{ns}/httproutes/{NAME}")
+        assert route is not None
+        refs = route["spec"]["rules"][0]["backendRefs"]
+        assert [(r["name"], r["weight"]) for r in refs] == [(f"{NAME}-{v2}", 100)]
+
+
+# ---------------------------------------------------------------------------------------------- 2, 3
+
+
+@pytest.mark.parametrize(
+    ("bad_uri", "metric"),
+    [("noop://?delay_ms=2&fail_rate=0.2", "error-rate"), ("noop://?delay_ms=400", "p99-latency-ms")],
+    ids=["erroring", "slow"],
+)
+def test_bad_revision_is_rolled_back(
+    kube: Kube, operator: Any, namespace: str, bad_uri: str, metric: str
+) -> None:
+    ns = namespace
+    deploy(kube, ns, "1", GOOD)
+    v1 = healthy_on(kube, ns, "1")
+    load = LoadGenerator(kube, ns, NAME).start()
+    try:
+        rollout_start = time.monotonic()
+        deploy(kube, ns, "2", bad_uri)
+        v2 = new_revision(kube, ns, v1)
+        w = Watcher(kube, ns)
+        w.until(
+            lambda st: st.get("stepStartedAt") is not None and st.get("canaryRevision") == v2,
+            60,
+            "in traffic",
+        )
+        in_traffic = time.monotonic()
+        st = w.until(outcome_is(v2, "RolledBack"), timeout=90, what="v2 rolled back")
+        decided = time.monotonic()
+        # after the decision the load generator sees only the stable revision
+        wait_for(
+            lambda: (
+                (recs := load.snapshot(decided))
+                and len(recs) > 30
+                and all(r.revision == v1 for r in recs[-30:])
+            ),
+            timeout=30,
+            what="only the stable revision in the load",
+        )
+        last_v2 = load.last_seen(v2)
+        time.sleep(1)
+    finally:
+        load.stop()
+    interval = 6.0
+    h = last_history(st, v2)
+    assert h is not None
+    fields = {
+        "rollback_after_canary_in_traffic_s": round(decided - in_traffic, 1),
+        "rollback_after_canary_in_traffic_intervals": round((decided - in_traffic) / interval, 2),
+        "failed_share_whole_rollout": round(load.failed_share(rollout_start), 4),
+        "requests": len(load.snapshot(rollout_start)),
+        "requests_by_revision": dict(load.by_revision(rollout_start)),
+        "last_bad_response_after_decision_s": None if last_v2 is None else round(last_v2 - decided, 2),
+        "measurement": h.get("measurement"),
+    }
+    REPORT[f"scenario_rollback_{metric}"] = fields
+    print(f"{metric}: {fields}")
+    m = h["measurement"]
+    assert m["metric"] == metric and m["value"] > m["threshold"] and m["query"]
+    assert st["stableRevision"] == v1 and not st.get("canaryRevision")
+    assert st["phase"] == "Degraded"
+    deg = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert deg["status"] == "True" and deg["reason"] == "RolledBack"
+    # rolled back at the first judged window: the canary never got past its first step
+    evs = events(kube, ns, NAME)
+    assert not [e for e in evs if e["reason"] == "StepAdvanced" and v2 in e["message"]]
+    rb = [e for e in evs if e["reason"] == "RolledBack" and e["message"].startswith("revision")]
+    assert len(rb) == 1 and rb[0]["type"] == "Warning" and "query:" in rb[0]["message"]
+    wait_for(lambda: not kube.pods(ns, f"modeldeploy.io/revision={v2}"), timeout=60, what="v2 pods gone")
+    assert md_status(kube, ns, NAME)["stableRevision"] == v1
+
+
+# ---------------------------------------------------------------------------------------------- 4
+
+
+def test_bad_during_bake_fails_back_to_the_warm_previous(kube: Kube, operator: Any, namespace: str) -> None:
+    ns = namespace
+    deploy(kube, ns, "1", GOOD)
+    v1 = healthy_on(kube, ns, "1")
+    load = LoadGenerator(kube, ns, NAME).start()
+    try:
+        # v2 is fine until a request carries the marker text: good during the canary, bad in the bake
+        deploy(kube, ns, "2", GOOD + "&fail_text=POISON")
+        v2 = new_revision(kube, ns, v1)
+        w = Watcher(kube, ns)
+        w.until(outcome_is(v2, "Promoted"), timeout=120, what="v2 promoted")
+        warm_before = wait_for(
+            lambda: (p := pids(kube, ns, NAME, v1)) and all(c for c, _ in p.values()) and p,
+            timeout=30,
+            what="the warm pod of v1",
+        )
+        promoted_at = time.monotonic()
+        load.poison_share = 0.3
+        st = w.until(outcome_is(v2, "FailedBack"), timeout=90, what="v2 failed back")
+        observed = time.monotonic()
+        h = last_history(st, v2)
+        assert h is not None
+        decision = wall_to_mono(h["time"])  # second precision: the decision is within [decision, +1s)
+        wait_for(
+            lambda: (
+                (recs := load.snapshot(observed))
+                and len(recs) > 30
+                and all(r.revision == v1 for r in recs[-30:])
+            ),
+            timeout=30,
+            what="only v1 in the load",
+        )
+        last_v2 = load.last_seen(v2) or observed
+        time.sleep(1)
+    finally:
+        load.stop()
+    warm_after = pids(kube, ns, NAME, v1)
+    fields = {
+        "failback_after_promotion_s": round(observed - promoted_at, 1),
+        "decision_to_only_previous_s(history time, -0/+1s)": round(last_v2 - decision, 2),
+        "status_observed_to_only_previous_s": round(last_v2 - observed, 2),
+        "warm_pods_before": warm_before,
+        "warm_pods_after": warm_after,
+        "measurement": h.get("measurement"),
+        "failed_share_after_promotion": round(load.failed_share(promoted_at), 4),
+    }
+    REPORT["scenario4_failback"] = fields
+    print(f"failback: {fields}")
+    assert st["stableRevision"] == v1 and h["measurement"]["metric"] == "error-rate"
+    # the warm pod went into traffic as it was: same process, no restart
+    for pod, (cid, restarts) in warm_before.items():
+        assert warm_after.get(pod) == (cid, restarts), pod
+    deg = next(c for c in st["conditions"] if c["type"] == "Degraded")
+    assert deg["reason"] == "FailedBack"
+
+
+# ---------------------------------------------------------------------------------------------- 7
+
+
+def plugin(kube: Kube, *args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "kubectl-modeldeploy"
+    return subprocess.run(
+        [str(exe), *args], env=kube.env, text=True, capture_output=True, timeout=60, check=False
+    )
+
+
+def test_plugin_commands(kube: Kube, operator: Any, namespace: str) -> None:
+    ns = namespace
+    slow = {"interval": "1h"}  # nothing moves on its own: every step is the plugin's doing
+    deploy(kube, ns, "1", GOOD, **slow)
+    v1 = healthy_on(kube, ns, "1")
+    deploy(kube, ns, "2", GOOD + "&rev=2", **slow)
+    v2 = new_revision(kube, ns, v1)
+    w = Watcher(kube, ns)
+    w.until(lambda st: st.get("canaryRevision") == v2 and st.get("stepStartedAt"), 60, "canary in traffic")
+
+    assert plugin(kube, "pause", NAME, "-n", ns).returncode == 0
+    w.until(lambda st: st.get("phase") == "Paused", 30, "paused")
+    r = plugin(kube, "promote", NAME, "-n", ns)
+    assert r.returncode == 0, r.stderr
+    w.until(lambda st: st.get("step") == 1, 30, "step 1 by hand")
+    assert plugin(kube, "resume", NAME, "-n", ns).returncode == 0
+    w.until(lambda st: st.get("phase") == "Progressing", 30, "resumed")
+    assert plugin(kube, "promote", NAME, "--full", "-n", ns).returncode == 0
+    w.until(outcome_is(v2, "Promoted"), 60, "promoted by hand")
+    w.until(lambda st: st.get("previousRevision") == v1, 30, "v1 warm")
+    assert plugin(kube, "rollback", NAME, "-n", ns).returncode == 0
+    st = w.until(outcome_is(v2, "FailedBack"), 60, "rolled back by hand")
+    assert st["stableRevision"] == v1
+    deploy(kube, ns, "3", GOOD + "&rev=3", **slow)
+    v3 = new_revision(kube, ns, st["revision"])
+    w.until(lambda st: st.get("canaryRevision") == v3, 60, "v3 canary")
+    assert plugin(kube, "abort", NAME, "-n", ns).returncode == 0
+    st = w.until(outcome_is(v3, "Aborted"), 60, "v3 aborted")
+    assert st["stableRevision"] == v1
+    assert plugin(kube, "promote", NAME, "-n", ns).returncode == 1  # nothing to promote now
+    out = plugin(kube, "status", NAME, "-n", ns).stdout
+    assert "Aborted" in out and "FailedBack" in out and v1 in out
+    # as a kubectl plugin (found on PATH)
+    env = {**kube.env, "PATH": f"{Path(sys.executable).parent}:{kube.env.get('PATH', '')}"}
+    r2 = subprocess.run(
+        [str(kube.kubectl_bin), "modeldeploy", "status", NAME, "-n", ns],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert r2.returncode == 0 and "Aborted" in r2.stdout, r2.stderr
+    ann = (kube.get(f"/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{NAME}") or {})[
+        "metadata"
+    ]
+    assert "modeldeploy.io/command" not in (ann.get("annotations") or {})
