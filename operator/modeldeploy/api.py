@@ -547,7 +547,13 @@ class ModelDeploymentStatus(_Model):
     canary_weight: int | None = Field(default=None, ge=0, le=100, description="Requested canary weight.")
     achieved_canary_weight: int | None = Field(default=None, ge=0, le=100)
     step: int | None = Field(default=None, ge=0, le=20, description="Index into spec.rollout.steps.")
-    step_started_at: datetime | None = None
+    step_started_at: datetime | None = Field(
+        default=None, description="When the current step's pods were all in traffic (its clock)."
+    )
+    step_waiting_since: datetime | None = Field(
+        default=None,
+        description="When the current step began waiting for its pods (progressDeadline counts from here).",
+    )
     replicas: int | None = Field(default=None, ge=0, description="Pods of all revisions.")
     ready_replicas: int | None = Field(default=None, ge=0, description="In-traffic ready pods.")
     ready: str | None = Field(default=None, max_length=32, description="ready/desired, for printing.")

@@ -126,6 +126,7 @@ class Decision:
     weight: int | None = None  # requested canary weight
     step: int | None = None
     step_started_at: datetime | None = None
+    step_waiting_since: datetime | None = None
     analysis: AnalysisStatus | None = None
     history: list[HistoryEntry] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
@@ -515,6 +516,7 @@ def _canary(
     steps = ro.steps
     mode = ro.traffic_routing.mode
     step, started, analysis = st.step, st.step_started_at, st.analysis
+    waiting = st.step_waiting_since
 
     if canary != current:
         if canary is not None and canary != stable and not has_failed(b.history, canary):
@@ -528,7 +530,7 @@ def _canary(
         b.events.append(
             Event("Normal", "CanaryStarted", f"revision {current}: canary started, steps {steps}")
         )
-        step, started, analysis = 0, None, AnalysisStatus()
+        step, started, analysis, waiting = 0, None, AnalysisStatus(), None
     step = min(step or 0, len(steps) - 1)
 
     def rollback(outcome: str, reason: str, m: Measurement | None, result: RolloutResult) -> Decision:
@@ -591,6 +593,7 @@ def _canary(
                 Event("Normal", "StepPromoted", f"revision {current}: step {step} -> {step + 1} by hand")
             )
             step, started = step + 1, None
+            waiting = None
 
     # -- the step's pods: the clock starts once they are in traffic
     weight = steps[step]
@@ -598,6 +601,23 @@ def _canary(
     c_counts = counts.get(current, RevisionCounts())
     if started is None and c_counts.in_traffic >= c_pods:
         started = now
+    if started is None:
+        # waiting for the step's pods: never silently forever (progressDeadline)
+        waiting = waiting or now
+        deadline = waiting + _seconds(ro.progress_deadline)
+        if now >= deadline and not ro.paused:
+            why = f"{c_counts.in_traffic}/{c_pods} canary pods in traffic"
+            if c_counts.unschedulable:
+                why += f"; {c_counts.unschedulable} unschedulable: {c_counts.scheduling_message}"
+            return rollback(
+                "Aborted",
+                f"progressDeadline {ro.progress_deadline} exceeded at step {step} ({weight}%): {why}",
+                None,
+                "aborted",
+            )
+        b.at(deadline)
+    else:
+        waiting = None
 
     if started is not None and not ro.paused:
         due = _due(md, started, analysis if st.canary_revision == current else None)
@@ -629,6 +649,8 @@ def _canary(
                 )
                 if c_counts.in_traffic >= c_pods:
                     started = now  # enough canary pods already: the next step starts at once
+                else:
+                    waiting = now
     if started is not None and not ro.paused:
         b.at(_due(md, started, analysis))
 
@@ -644,7 +666,7 @@ def _canary(
     else:
         previous, prev_expires = None, None
     targets += _failed_targets(md, b, live, {stable, current, previous or ""})
-    waiting = "" if started is not None else " (waiting for its pods)"
+    pending = "" if started is not None else " (waiting for its pods)"
     paused = " (paused)" if ro.paused else ""
     result = Decision(
         targets=targets,
@@ -655,9 +677,10 @@ def _canary(
         weight=weight,
         step=step,
         step_started_at=started,
+        step_waiting_since=waiting,
         analysis=analysis,
         progressing_reason="CanaryPaused" if ro.paused else "CanaryProgressing",
-        progressing_message=f"revision {current}: step {step + 1}/{len(steps)} at {weight}%{waiting}{paused}",
+        progressing_message=f"revision {current}: step {step + 1}/{len(steps)} at {weight}%{pending}{paused}",
         command_seen=cmd is not None,
     )
     return result

@@ -264,6 +264,7 @@ def compute_status(
             "previous_expires_at": decision.previous_expires_at,
             "step": decision.step,
             "step_started_at": decision.step_started_at,
+            "step_waiting_since": decision.step_waiting_since,
             "analysis": decision.analysis,
             "replicas": sum(t.replicas for t in decision.targets),
             "ready_replicas": in_traffic_total,

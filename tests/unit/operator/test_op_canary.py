@@ -521,3 +521,61 @@ def test_plugin_commands_drive_the_rollout(capsys):
     assert plugin(w, "status", "minilm") == 0
     out = capsys.readouterr().out
     assert "Aborted" in out and "FailedBack" in out
+
+
+# ---------------------------------------------------------------------------------------------- capacity
+
+
+def test_a_canary_whose_pods_never_come_is_aborted_after_the_progress_deadline():
+    w = World(canary_md(progressDeadline="60s"))
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.rec.reconcile("default", "minilm")  # the canary's Deployment exists, its pods cannot be scheduled
+    for i in range(1):
+        w.fake.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"minilm-{new}-x{i}",
+                    "labels": {b.LABEL_NAME: "minilm", b.LABEL_REVISION: new},
+                },
+                "spec": {},
+                "status": {
+                    "phase": "Pending",
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "reason": "Unschedulable",
+                            "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.",
+                        }
+                    ],
+                },
+            }
+        )
+    for _ in range(59):
+        w.clock.tick(1)
+        w.rec.reconcile("default", "minilm")
+    st = w.status
+    assert st["canaryRevision"] == new and st["stepWaitingSince"] and "stepStartedAt" not in st
+    assert w.cond("Degraded")["reason"] == "PodsUnschedulable" and "Unschedulable" in w.event_reasons()
+    assert w.prom.windows(new) == 0
+    w.clock.tick(1)
+    w.rec.reconcile("default", "minilm")
+    st = w.status
+    assert st["stableRevision"] == old and "canaryRevision" not in st
+    h = st["history"][-1]
+    assert (h["revision"], h["outcome"]) == (new, "Aborted")
+    assert "progressDeadline" in h["reason"] and "Insufficient nvidia.com/gpu" in h["reason"]
+    assert w.fake.obj("Deployment", f"minilm-{new}") is None
+
+
+def test_the_progress_deadline_does_not_count_once_the_step_is_in_traffic():
+    w = World(canary_md(progressDeadline="5s", interval="30s"))
+    w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    w.run_for(20)
+    st = w.status
+    assert st["canaryRevision"] == new and st["stepStartedAt"] and "stepWaitingSince" not in st
