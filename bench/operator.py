@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle-window", type=float, default=30.0)
     p.add_argument("--timeout", type=float, default=900.0)
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still clean up the cluster
 
     state = Path(tempfile.mkdtemp(prefix="bench-operator-"))
     cluster = up(state / "cluster")

@@ -248,7 +248,7 @@ def prometheus_config(
 
 def node_manifest(name: str, *, gpus: int, cpu: str = "32", memory: str = "256Gi") -> dict[str, Any]:
     """A kwok-managed fake node. GPU nodes carry NVIDIA's device-plugin label and resource."""
-    capacity: dict[str, str] = {"cpu": cpu, "memory": memory, "pods": "110"}
+    capacity: dict[str, str] = {"cpu": cpu, "memory": memory, "pods": "2000"}
     labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",

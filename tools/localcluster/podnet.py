@@ -5,8 +5,8 @@ cluster instead makes one network namespace joined to the host by a veth pair:
 
 * ``10.244.N.0/24`` — process-run pods: each pod IP is added to the namespace's end of the veth and the
   pod's processes run inside the namespace (``ip netns exec``), bound to their IP;
-* ``10.245.N.0/24`` — kwok's simulated pods: routed into the same namespace, where nothing answers, so
-  even a stray connection never leaves this machine.
+* ``10.(100+N).0.0/16`` — kwok's simulated pods: routed into the same namespace, where nothing
+  answers, so even a stray connection never leaves this machine.
 
 The host end (``10.244.N.1``) is how pods reach the apiserver and Prometheus; it is the only address
 outside the namespace that pods can reach. ``N`` is chosen free at start.
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 _BASE_AGENT = ipaddress.ip_network("10.244.0.0/16")
-_BASE_KWOK = ipaddress.ip_network("10.245.0.0/16")
+MAX_INDEX = 120
 
 
 class PodNetworkError(RuntimeError):
@@ -62,7 +62,8 @@ class PodNetwork:
 
     @property
     def kwok_cidr(self) -> str:
-        return str(list(_BASE_KWOK.subnets(new_prefix=24))[self.index])
+        """A /16 (simulated pods can be many): ``10.(100+N).0.0/16``."""
+        return f"10.{100 + self.index}.0.0/16"
 
     @property
     def host_ip(self) -> str:
@@ -140,7 +141,7 @@ def used_indices() -> set[int]:
 
 def choose(used: set[int]) -> PodNetwork:
     """The first free network (pure: ``used`` comes from :func:`used_indices`)."""
-    for i in range(1, 250):
+    for i in range(1, MAX_INDEX + 1):
         if i not in used:
             return PodNetwork(i)
-    raise PodNetworkError("no free pod network index (1..249): stale namespaces? see `ip netns list`")
+    raise PodNetworkError(f"no free pod network index (1..{MAX_INDEX}): stale namespaces? see `ip netns list`")

@@ -33,7 +33,7 @@ def test_pod_networks_are_distinct_routable_slash24s_and_skip_used_indices() -> 
     assert a.index != b.index
     for net in (a, b):
         agent, kwok = ipaddress.ip_network(net.agent_cidr), ipaddress.ip_network(net.kwok_cidr)
-        assert agent.prefixlen == kwok.prefixlen == 24 and not agent.overlaps(kwok)
+        assert agent.prefixlen == 24 and kwok.prefixlen == 16 and not agent.overlaps(kwok)
         assert not agent.is_loopback and not agent.is_link_local  # EndpointSlices refuse those
         assert net.host_ip == str(agent[1]) and net.host_ip not in net.pod_ips()
         assert ipaddress.ip_address(net.anchor_ip) in agent and net.anchor_ip not in net.pod_ips()
