@@ -63,12 +63,14 @@ watched namespace in namespaced mode). Derived from operator/modeldeploy (reconc
 controller.py, kube.py) and from kopf's watches; nothing else is called. No Secrets, ConfigMaps, exec.
 */}}
 {{- define "modeldeploy.namespacedRules" -}}
-# ModelDeployments: kopf lists and watches them (@kopf.on.event); the reconciler GETs each one.
+# ModelDeployments: kopf lists and watches them (@kopf.on.event); the reconciler GETs each one and
+# merge-patches away a handled modeldeploy.io/command annotation (kubectl modeldeploy promote/abort/
+# rollback). Nothing else is written on them: only event handlers, so kopf adds no finalizer, progress or
+# diff-base annotations. No update, no delete.
 - apiGroups: [modeldeploy.io]
   resources: [modeldeployments]
-  verbs: [get, list, watch]
-# Status: the reconciler merge-patches .status (with resourceVersion). Nothing else is written on them:
-# only event handlers, so kopf adds no finalizer, progress or diff-base annotations.
+  verbs: [get, list, watch, patch]
+# Status: the reconciler merge-patches .status (with resourceVersion).
 - apiGroups: [modeldeploy.io]
   resources: [modeldeployments/status]
   verbs: [patch]
@@ -98,11 +100,12 @@ controller.py, kube.py) and from kopf's watches; nothing else is called. No Secr
   resources: [events]
   verbs: [create]
 {{- if .Values.rbac.gatewayAPI }}
-# Gateway API traffic routing (rollout.trafficRouting.mode gatewayAPI): the operator owns HTTPRoute
-# weights of its ModelDeployments.
+# Gateway API traffic routing (rollout.trafficRouting.mode gatewayAPI): the reconciler lists the
+# ModelDeployment's HTTPRoute, server-side applies its weights and deletes it when routing changes (not
+# watched by kopf).
 - apiGroups: [gateway.networking.k8s.io]
   resources: [httproutes]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [list, create, patch, delete]
 {{- end }}
 {{- end -}}
 

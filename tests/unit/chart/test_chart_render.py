@@ -14,7 +14,7 @@ from chart_render import CHART, CI_VALUES, by_kind, helm, one, render, rule_tabl
 # What the operator calls in a watched namespace (see operator/modeldeploy/{reconciler,operator,kube}.py and
 # kopf's watches). Any change here is a deliberate change of the operator's rights.
 NAMESPACED_RULES = {
-    ("modeldeploy.io", "modeldeployments"): {"get", "list", "watch"},
+    ("modeldeploy.io", "modeldeployments"): {"get", "list", "watch", "patch"},
     ("modeldeploy.io", "modeldeployments/status"): {"patch"},
     ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"list", "watch", "create", "patch", "delete"},
@@ -103,6 +103,8 @@ def test_no_rule_grants_secrets_wildcards_or_escalation(values: Any) -> None:
             assert "*" not in rule["verbs"] and "*" not in rule.get("apiGroups", [])
             assert not set(rule["resources"]) & NEVER, f"{role['metadata']['name']}: {rule}"
             assert not {"escalate", "bind", "impersonate", "update", "deletecollection"} & set(rule["verbs"])
+            if "modeldeployments" in rule["resources"]:
+                assert "delete" not in rule["verbs"] and "create" not in rule["verbs"]
 
 
 @pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: "defaults" if v is None else v.name)
@@ -259,3 +261,10 @@ def test_template_output_has_no_empty_or_duplicate_objects() -> None:
         keys = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
         assert len(keys) == len(set(keys)), f"{values.name}: duplicates"
         assert "\n---\n---" not in text
+
+
+def test_gateway_api_rights_only_when_enabled() -> None:
+    key = ("gateway.networking.k8s.io", "httproutes")
+    assert key not in rule_table(one(render(), "ClusterRole")["rules"])
+    rules = rule_table(one(render("--set", "rbac.gatewayAPI=true"), "ClusterRole")["rules"])
+    assert rules[key] == {"list", "create", "patch", "delete"}
