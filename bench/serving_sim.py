@@ -1,0 +1,149 @@
+"""Machine-independent evaluation of batch formation: the real :class:`BatchQueue` driven on a simulated
+clock by a closed loop of clients, with batch latency given by a cost function ``t(n, L)`` (for example the
+coefficients the server learned on the benchmark machine). No model, no HTTP, no noise: it isolates what the
+scheduler contributes, which the shared 2-core benchmark machine cannot measure precisely.
+
+    python -m bench.serving_sim
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from modelserver.batching import Batch, BatchingConfig, BatchQueue, CostModel, WorkItem
+
+# Cost of all-MiniLM-L6-v2 on 2 CPU cores as learned by the server: seconds = c . [1, n, n*L, n*L^2].
+MINILM_CPU = (8e-3, 4e-4, 1.27e-4, 4.4e-7)
+
+
+@dataclass
+class SimResult:
+    items_per_s: float
+    padding_ratio: float
+    mean_batch: float
+    max_wait_s: float
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def cost_fn(coef: Sequence[float]) -> Callable[[int, int], float]:
+    c = np.asarray(coef, dtype=np.float64)
+    return lambda n, length: float(c @ np.array([1.0, n, n * length, n * length * length]))
+
+
+def short_lengths(n: int, seed: int = 5) -> np.ndarray:
+    return np.random.default_rng(seed).integers(4, 25, size=n) + 2  # 4-24 words + [CLS]/[SEP]
+
+
+def long_lengths(n: int, seed: int = 5) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.clip(np.round(rng.lognormal(np.log(90) - 0.32, 0.8, size=n)), 8, 512).astype(int)
+
+
+async def _simulate(
+    lengths: np.ndarray,
+    scheduler: str,
+    cost: Callable[[int, int], float],
+    clients: int,
+    items: int,
+    max_batch_size: int,
+    token_budget: int,
+) -> SimResult:
+    clock = _Clock()
+    q = BatchQueue(
+        BatchingConfig(
+            max_batch_size=max_batch_size,
+            max_queue_delay_s=0.005,
+            token_budget=token_budget,
+            max_length=512,
+            scheduler=scheduler,
+        ),
+        clock=clock,
+        cost_model=CostModel(),  # learned online, as in the server
+    )
+    loop = asyncio.get_running_loop()
+    feed = iter(np.resize(lengths, items + clients + max_batch_size + 1))
+
+    def new() -> WorkItem:
+        return WorkItem(
+            payload=None,
+            length=int(next(feed)),
+            deadline=clock() + 1e9,
+            arrival=clock(),
+            future=loop.create_future(),
+        )
+
+    q.submit([new() for _ in range(clients)])
+    done, busy, pads, sizes, max_wait = 0, 0.0, [], [], 0.0
+    while done < items:
+        got = q.try_form()
+        while not isinstance(got, Batch):
+            assert got is not None
+            clock.t = max(clock.t, got) + 1e-6
+            got = q.try_form()
+        t = cost(got.size, got.padded_length)
+        max_wait = max(max_wait, max(clock.t - i.arrival for i in got.items))
+        clock.t += t
+        busy += t
+        q.record(got, t)
+        done += got.size
+        pads.append(got.padding_ratio)
+        sizes.append(got.size)
+        q.submit([new() for _ in range(got.size)])
+    return SimResult(done / busy, float(np.mean(pads)), float(np.mean(sizes)), max_wait)
+
+
+def simulate(
+    lengths: np.ndarray,
+    scheduler: str,
+    coef: Sequence[float] = MINILM_CPU,
+    clients: int = 128,
+    items: int = 3000,
+    max_batch_size: int = 64,
+    token_budget: int = 8192,
+) -> SimResult:
+    return asyncio.run(
+        _simulate(lengths, scheduler, cost_fn(coef), clients, items, max_batch_size, token_budget)
+    )
+
+
+def sorted_limit(lengths: np.ndarray, coef: Sequence[float] = MINILM_CPU, items: int = 3000) -> float:
+    """Configuration (1) in the simulation: every item known in advance, sorted, best batch size."""
+    cost = cost_fn(coef)
+    xs = np.sort(np.resize(lengths, items))
+    best = 0.0
+    for bs in (4, 8, 16, 32, 64):
+        t = sum(cost(len(xs[i : i + bs]), int(xs[i : i + bs].max())) for i in range(0, len(xs), bs))
+        best = max(best, len(xs) / t)
+    return best
+
+
+def report(coef: Sequence[float] = MINILM_CPU) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for name, lengths in (("short", short_lengths(5000)), ("long", long_lengths(5000))):
+        lim = sorted_limit(lengths, coef)
+        row: dict[str, float] = {"limit_items_per_s": round(lim, 1)}
+        for sch in ("adaptive", "fifo"):
+            r = simulate(lengths, sch, coef)
+            row[f"{sch}_items_per_s"] = round(r.items_per_s, 1)
+            row[f"{sch}_padding_ratio"] = round(r.padding_ratio, 3)
+            row[f"{sch}_mean_batch"] = round(r.mean_batch, 1)
+            row[f"{sch}_max_wait_s"] = round(r.max_wait_s, 3)
+        row["adaptive/limit"] = round(row["adaptive_items_per_s"] / lim, 3)
+        row["adaptive/fifo"] = round(row["adaptive_items_per_s"] / row["fifo_items_per_s"], 3)
+        out[name] = row
+    return out
+
+
+if __name__ == "__main__":
+    for wl, row in report().items():
+        print(wl, row)
