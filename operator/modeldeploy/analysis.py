@@ -207,6 +207,7 @@ class Outcome:
     state: AnalysisStatus
     reason: str
     failing: Measurement | None
+    verdict: Verdict = "Pass"  # the window's effective verdict (after onNoData)
 
 
 def advance(spec: AnalysisSpec, state: AnalysisStatus | None, j: Judgement, now: datetime) -> Outcome:
@@ -241,12 +242,12 @@ def advance(spec: AnalysisSpec, state: AnalysisStatus | None, j: Judgement, now:
                 new = old.model_copy(
                     update={"no_data_since": no_data_since, "last_run": now, "measurements": kept}
                 )
-                return Outcome("hold", new, f"{what}; holding (onNoData hold)", j.failing)
+                return Outcome("hold", new, f"{what}; holding (onNoData hold)", j.failing, "NoData")
     if verdict == "Pass":
         new = old.model_copy(
             update={"consecutive_failures": 0, "no_data_since": None, "last_run": now, "measurements": kept}
         )
-        return Outcome("pass", new, reason or "all checks passed", j.failing)
+        return Outcome("pass", new, reason or "all checks passed", j.failing, "Pass")
     failures += 1
     reason = reason or (_describe(j.failing) if j.failing else "analysis failed")
     new = old.model_copy(
@@ -258,8 +259,12 @@ def advance(spec: AnalysisSpec, state: AnalysisStatus | None, j: Judgement, now:
         }
     )
     if failures >= spec.failure_limit:
-        return Outcome("fail", new, f"{reason} ({failures}/{spec.failure_limit} failed checks)", j.failing)
-    return Outcome("hold", new, f"{reason} ({failures}/{spec.failure_limit} failed checks)", j.failing)
+        return Outcome(
+            "fail", new, f"{reason} ({failures}/{spec.failure_limit} failed checks)", j.failing, "Fail"
+        )
+    return Outcome(
+        "hold", new, f"{reason} ({failures}/{spec.failure_limit} failed checks)", j.failing, "Fail"
+    )
 
 
 def _describe(m: Measurement) -> str:

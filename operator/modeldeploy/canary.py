@@ -482,10 +482,11 @@ def _at_rest(
 
 
 def _analysis_event(b: _Builder, out: Outcome, revision: str, phase: str) -> None:
-    verdict = {"pass": "AnalysisPassed", "fail": "AnalysisFailed", "hold": "AnalysisHold"}[out.action]
+    # a failed window is AnalysisFailed even below failureLimit; a held window (no data) AnalysisHold
+    verdict = {"Pass": "AnalysisPassed", "Fail": "AnalysisFailed", "NoData": "AnalysisHold"}[out.verdict]
     b.events.append(
         Event(
-            "Normal" if out.action == "pass" else "Warning",
+            "Normal" if out.verdict == "Pass" else "Warning",
             verdict,
             f"revision {revision} ({phase}): {out.reason}"
             + "".join(
@@ -615,7 +616,8 @@ def _canary(
                 None,
                 "aborted",
             )
-        b.at(deadline)
+        if not ro.paused:
+            b.at(deadline)
     else:
         waiting = None
 

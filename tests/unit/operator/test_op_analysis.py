@@ -207,3 +207,25 @@ def test_httproute_weights():
         ("minilm-c", 8080, 30),
     ]
     assert route["metadata"]["ownerReferences"][0]["uid"] == "md-uid-1"
+
+
+def test_the_canary_example_parses_and_renders_its_custom_metric():
+    import yaml
+    from md_cases import REPO
+
+    body = yaml.safe_load((REPO / "examples" / "canary-echo.yaml").read_text())
+    md = ModelDeployment.from_api({**body, "metadata": {**body["metadata"], "namespace": "prod"}})
+    q = {
+        x.metric: x
+        for x in build_queries(
+            md.spec.rollout.analysis,
+            namespace="prod",
+            name="echo",
+            revision="r1",
+            stable="r0",
+            interval="30s",
+        )
+    }
+    assert set(q) == {REQUESTS, ERROR_RATE, P99, RATIO, "queue-wait-p99-ms"}
+    assert 'modeldeploy_io_revision="r1"}[30s]' in q["queue-wait-p99-ms"].promql
+    assert "{{" not in q["queue-wait-p99-ms"].promql and q["queue-wait-p99-ms"].threshold == 50
