@@ -2,7 +2,7 @@
 the chart's ServiceAccount token, reconciles a ModelDeployment under exactly the chart's RBAC, is not
 allowed more, survives ``helm upgrade`` to a new image, and ``helm uninstall`` leaves the served models up.
 
-The tests of this module run in order on one release (install -> reconcile -> rights -> upgrade ->
+The tests of this module run in order on one release (install -> reconcile -> rights -> canary -> upgrade ->
 uninstall).
 """
 
@@ -178,6 +178,50 @@ def test_rbac_is_not_wider_than_needed(kube: Any, release: Release) -> None:
         if can_i(kube, user, verb, res, n, sub) != want
     ]
     assert not wrong, f"(verb, resource, namespace, subresource, expected): {wrong}"
+
+
+def test_canary_rollout_promoted_under_the_chart_rbac(kube: Any, release: Release) -> None:
+    """A new model version goes through canary steps (readiness gates, analysis against Prometheus from the
+    pod network, promotion) with the chart's credentials. Scenario 1 of the progressive-delivery suite,
+    with traffic and a failing canary, runs under the same release via ``chart_cluster.install``."""
+    ns = release.watched[0]
+    old = kube.get(MD_PATH.format(ns=ns, name="echo"))["status"]["stableRevision"]
+    body = noop_md("echo")
+    body["spec"]["model"].update(version="2", uri="noop://chart?delay_ms=1")
+    body["spec"]["rollout"] = {
+        "steps": [50, 100],
+        "interval": "1s",
+        "bakeTime": "1s",
+        "keepPrevious": {"replicas": 0, "ttl": "1m"},
+        "analysis": {"onNoData": "pass"},
+    }
+    kube.apply(body, namespace=ns)
+
+    def promoted() -> dict[str, Any] | None:
+        obj = md_ready(kube, ns, "echo")
+        st = (obj or {}).get("status") or {}
+        new = st.get("stableRevision")
+        if not obj or st.get("phase") != "Healthy" or st.get("canaryRevision") or new in (None, old):
+            return None
+        live = children(kube, ns, "echo")["pods"]
+        return (
+            obj
+            if len(live) == 1 and live[0]["metadata"]["labels"]["modeldeploy.io/revision"] == new
+            else None
+        )
+
+    wait_for(promoted, timeout=180, interval=0.5, what="version 2 promoted, the old revision gone")
+    assert "Promoted" in {e["reason"] for e in events_from_operator(kube, ns, "echo")}
+    if is_local(kube):
+        refused = [
+            e
+            for e in audit_events_of(kube, release.user)
+            if (e.get("responseStatus") or {}).get("code") == 403
+        ]
+        assert not refused, refused[:3]
+    (op,) = operator_pods(kube, release)
+    log = operator_log(kube, op)
+    assert not [ln for ln in log.splitlines() if any(m in ln for m in FORBIDDEN_MARKERS)], log[-3000:]
 
 
 def test_upgrade_to_a_new_image_replaces_only_the_operator(kube: Any, release: Release, helm: Helm) -> None:
