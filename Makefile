@@ -9,7 +9,7 @@ STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 deps test test-unit test-integration test-e2e lint \
-        cluster-up cluster-down demo bench-serving bench-operator crds clean
+        cluster-up cluster-down demo bench-serving bench-operator crds e2e-kind shellcheck clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
@@ -18,6 +18,7 @@ help:
 	@echo "make cluster-up / cluster-down   the local Kubernetes cluster alone"
 	@echo "make bench-serving / bench-operator   benchmarks (results under bench/results/)"
 	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
+	@echo "make e2e-kind    the e2e suite on kind with a GPU worker (docs/gpu-kind.md)"
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -41,7 +42,7 @@ test: deps
 	$(PYTEST) tests/integration
 	$(PYTEST) tests/e2e
 
-test-unit: venv
+test-unit: venv binaries
 	$(PYTEST) tests/unit
 
 test-integration: deps
@@ -50,9 +51,16 @@ test-integration: deps
 test-e2e: deps
 	$(PYTEST) tests/e2e
 
-lint: venv
+shellcheck:
+	@command -v shellcheck >/dev/null || { echo "installing Debian's shellcheck ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; }
+
+lint: venv binaries shellcheck
 	$(VENV)/bin/ruff check operator serving_image tools/localcluster tests bench
 	$(VENV)/bin/ruff format --check operator serving_image tools/localcluster tests bench
+	shellcheck tools/e2e-kind.sh tools/build-binaries.sh
+	$(VENV)/bin/hadolint --config tests/unit/chart/hadolint.yaml operator/Dockerfile
+	"$$(tools/build-binaries.sh)/helm" lint --strict charts/modeldeploy
 	MYPYPATH=operator:serving_image:tools $(VENV)/bin/mypy -p modeldeploy -p modelserver -p localcluster
 
 cluster-up: deps
@@ -73,6 +81,11 @@ bench-operator: deps
 crds: venv
 	$(PY) -m modeldeploy.crdgen > crds/modeldeployment.yaml
 	$(PY) -m modeldeploy.crdgen --peering > crds/kopfpeering.yaml
+	cp crds/*.yaml charts/modeldeploy/crds/
+
+# The same e2e suite on kind with a GPU worker (needs docker, kind, nvidia-ctk, helm): docs/gpu-kind.md
+e2e-kind: venv
+	tools/e2e-kind.sh $(E2E_KIND_ARGS)
 
 clean: cluster-down
 	rm -rf .localcluster
