@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 from modelserver.batching import BatchingConfig, BatchQueue, CostModel, WorkItem
+
+# The scheduler simulation lives in bench/ (repository root), which plain `pytest` does not put on the path.
+ROOT = str(Path(__file__).resolve().parents[3])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 
 class FakeClock:
