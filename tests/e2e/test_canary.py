@@ -8,6 +8,7 @@ printed (and written to $CANARY_E2E_REPORT when set), never asserted.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -351,3 +352,173 @@ def test_plugin_commands(kube: Kube, operator: Any, namespace: str) -> None:
         "metadata"
     ]
     assert "modeldeploy.io/command" not in (ann.get("annotations") or {})
+
+
+# ---------------------------------------------------------------------------------------------- 5
+
+
+def test_no_traffic_holds_then_fails_and_an_unreachable_prometheus_never_promotes(
+    kube: Kube, operator: Any, namespace: str
+) -> None:
+    ns = namespace
+    deploy(kube, ns, "1", GOOD, analysis={"noDataTimeout": "10s"})
+    v1 = healthy_on(kube, ns, "1")
+    # no load at all: every window is "no data"; held, then failed after noDataTimeout
+    deploy(kube, ns, "2", GOOD + "&rev=2", analysis={"noDataTimeout": "10s"})
+    v2 = new_revision(kube, ns, v1)
+    w = Watcher(kube, ns)
+    w.until(lambda st: st.get("stepStartedAt") and st.get("canaryRevision") == v2, 60, "v2 in traffic")
+    held = time.monotonic()
+    st = w.until(outcome_is(v2, "RolledBack"), timeout=60, what="v2 failed for lack of data")
+    h = last_history(st, v2)
+    assert h is not None and "noDataTimeout" in h["reason"]
+    assert all(s[0] == 0 for s in w.steps())  # held at the first step, never advanced
+    holds = [e for e in events(kube, ns, NAME) if e["reason"] == "AnalysisHold"]
+    assert holds and all(v2 in e["message"] for e in holds)
+    REPORT["scenario5_no_traffic"] = {
+        "failed_after_s": round(time.monotonic() - held, 1),
+        "reason": h["reason"],
+    }
+
+    # Prometheus unreachable (a closed port): held at step 0 under load, never promoted
+    unreachable = {"prometheusURL": "http://127.0.0.1:9", "noDataTimeout": "1h"}
+    deploy(kube, ns, "3", GOOD + "&rev=3", analysis=unreachable)
+    v3 = new_revision(kube, ns, st["revision"])
+    load = LoadGenerator(kube, ns, NAME).start()
+    try:
+        st = w.until(
+            lambda st: (
+                st.get("canaryRevision") == v3
+                and len(
+                    [m for m in (st.get("analysis") or {}).get("measurements", []) if m["revision"] == v3]
+                )
+                >= 6
+            ),
+            timeout=60,
+            what="two judged windows of v3",
+        )
+    finally:
+        load.stop()
+    ms = [m for m in st["analysis"]["measurements"] if m["revision"] == v3]
+    assert {m["verdict"] for m in ms} == {"Error"}
+    assert st["step"] == 0 and st["stableRevision"] == v1 and load.by_revision()[v3] > 0
+    REPORT["scenario5_prometheus_unreachable"] = {"windows_held": len(ms) // 3, "step": st["step"]}
+
+
+# ---------------------------------------------------------------------------------------------- 8
+
+
+def test_a_canary_that_cannot_get_gpus_is_reported_then_aborted(
+    kube: Kube, operator: Any, namespace: str
+) -> None:
+    ns = namespace
+    deploy(kube, ns, "1", GOOD, progressDeadline="15s")
+    v1 = healthy_on(kube, ns, "1")
+    md = noop_md(NAME, "2", GOOD + "&rev=2", progressDeadline="15s")
+    md["spec"]["resources"]["gpu"] = 16  # the GPU node has 8
+    md["spec"]["nodeSelector"] = {"nvidia.com/gpu.present": "true"}
+    kube.apply(md, ns)
+    v2 = new_revision(kube, ns, v1)
+    w = Watcher(kube, ns)
+    st = w.until(
+        lambda st: any(
+            c["type"] == "Degraded" and c["reason"] == "PodsUnschedulable" for c in st.get("conditions", [])
+        ),
+        timeout=60,
+        what="unschedulable canary reported",
+    )
+    assert st["canaryRevision"] == v2 and not st.get("stepStartedAt")
+    reported = time.monotonic()
+    st = w.until(outcome_is(v2, "Aborted"), timeout=60, what="the canary aborted after progressDeadline")
+    h = last_history(st, v2)
+    assert h is not None and "progressDeadline" in h["reason"] and "nvidia.com/gpu" in h["reason"]
+    assert "Unschedulable" in [e["reason"] for e in events(kube, ns, NAME)]
+    assert st["stableRevision"] == v1
+    wait_for(lambda: not kube.pods(ns, f"modeldeploy.io/revision={v2}"), timeout=60, what="v2 pods gone")
+    REPORT["scenario8_unschedulable"] = {"aborted_after_report_s": round(time.monotonic() - reported, 1)}
+
+
+# ---------------------------------------------------------------------------------------------- 6
+
+
+@pytest.mark.parametrize("bad", [False, True], ids=["promote", "rollback"])
+def test_operator_killed_mid_rollout_resumes(
+    kube: Kube, operator: Any, namespace: str, tmp_path: Path, bad: bool
+) -> None:
+    """The session operator is frozen (SIGSTOP) and a second one runs the rollout; it is SIGKILLed every
+    few seconds and restarted: no step judged twice or skipped, one promotion or one rollback."""
+    import signal
+
+    from .canary_support import start_operator
+
+    ns = namespace
+    deploy(kube, ns, "1", GOOD)
+    v1 = healthy_on(kube, ns, "1")
+    os.kill(operator.pid, signal.SIGSTOP)
+    procs: list[Any] = []
+    load = LoadGenerator(kube, ns, NAME)
+    kills = 0
+    try:
+        procs.append(start_operator(kube, tmp_path / "op.log"))
+        load.start()
+        uri = "noop://?delay_ms=2&fail_rate=0.2&rev=k" if bad else GOOD + "&rev=k"
+        deploy(kube, ns, "2", uri, analysis={"failureLimit": 2})
+        v2 = new_revision(kube, ns, v1)
+        w = Watcher(kube, ns)
+        want = "RolledBack" if bad else "Promoted"
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            try:
+                st = w.until(outcome_is(v2, want), timeout=3.3 + kills % 3, what="")
+                break
+            except AssertionError:
+                procs[-1].send_signal(signal.SIGKILL)
+                procs[-1].wait()
+                kills += 1
+                time.sleep(0.5)
+                procs.append(start_operator(kube, tmp_path / "op.log"))
+        else:
+            raise AssertionError(f"v2 not {want} after {kills} kills")
+        time.sleep(3)  # a last reconcile of the final operator must not decide again
+        st = md_status(kube, ns, NAME)
+    finally:
+        load.stop()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        os.kill(operator.pid, signal.SIGCONT)
+    outcomes = [h["outcome"] for h in st["history"] if h["revision"] == v2]
+    decided = last_history(st, v2)
+    assert decided is not None
+    # the windows committed to status: (time, verdict), second precision; a window with too few
+    # requests is "NoData" whatever its other checks say
+    ms = [
+        m
+        for m in (st.get("analysis") or {}).get("measurements", [])
+        if m["revision"] == v2 and m["time"] <= decided["time"]
+    ]
+    enough = {m["time"] for m in ms if m["metric"] == "requests" and m["verdict"] == "Pass"}
+    windows = sorted(
+        (m["time"], m["verdict"] if m["time"] in enough else "NoData")
+        for m in ms
+        if m["metric"] == "error-rate"
+    )
+    times = [datetime.fromisoformat(t.replace("Z", "+00:00")) for t, _ in windows]
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+    REPORT[f"scenario6_{'rollback' if bad else 'promote'}"] = {
+        "kills": kills,
+        "states_seen": w.steps(),
+        "windows_judged(time,error-rate verdict)": windows,
+        "history": outcomes,
+    }
+    print(REPORT[f"scenario6_{'rollback' if bad else 'promote'}"])
+    assert kills >= 2
+    assert outcomes == [want]  # exactly one decision, no duplicate rollback or promotion
+    assert all(g >= 5 for g in gaps), gaps  # no window judged twice (interval 6s, times truncated to 1s)
+    verdicts = [v for _, v in windows]
+    if not bad:
+        assert list(dict.fromkeys(s[0] for s in w.steps())) == [0, 1, 2]
+        assert verdicts == ["Pass"] * 3  # one judged window per step: none repeated, none skipped
+    else:
+        assert verdicts.count("Fail") == 2 and verdicts[-1] == "Fail"  # failureLimit 2, then one rollback
