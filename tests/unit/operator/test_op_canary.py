@@ -579,3 +579,20 @@ def test_the_progress_deadline_does_not_count_once_the_step_is_in_traffic():
     w.run_for(20)
     st = w.status
     assert st["canaryRevision"] == new and st["stepStartedAt"] and "stepWaitingSince" not in st
+
+
+def test_operator_metrics_follow_the_rollout():
+    w = World()
+    w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {P99: 42.0}
+    w.reconcile()
+    weight = metrics.CANARY_WEIGHT.labels(namespace="default", name="minilm")
+    assert weight._value.get() == 33
+    w.run_for(10)
+    value = metrics.ANALYSIS_VALUE.labels(namespace="default", name="minilm", metric=P99)
+    assert value._value.get() == 42.0
+    before = rollout_metric("promoted")
+    w.run_for(25)
+    assert w.status["stableRevision"] == new
+    assert rollout_metric("promoted") == before + 1 and weight._value.get() == 0
