@@ -112,6 +112,23 @@ def openapi_document(service: ModelService | None = None) -> dict[str, Any]:
             "get": {"summary": "Model readiness", "parameters": [model_param], "responses": ready_responses}
         },
         "/v2/models/{model_name}/infer": {"post": {**infer_op, "parameters": [model_param, rid_header]}},
+        "/v2/models/{model_name}/config": {
+            "get": {
+                "summary": "Triton-style model configuration",
+                "parameters": [model_param],
+                "responses": {
+                    "200": _ok("Model configuration", {"type": "object"}),
+                    "404": _err("Unknown model"),
+                },
+            }
+        },
+        "/v2/models/{model_name}/stats": {
+            "get": {
+                "summary": "Batching state: queue depth, buckets, token budget, cost model",
+                "parameters": [model_param],
+                "responses": {"200": _ok("Statistics", {"type": "object"}), "404": _err("Unknown model")},
+            }
+        },
         "/v2/models/{model_name}/versions/{model_version}": {
             "get": {
                 "summary": "Model version metadata",
