@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from localcluster.config import GPU_NODE
+from localcluster.kubeapi import ready_endpoints
 from localcluster.testing import Kube, wait_for
 
 from .conftest import minilm_uri
@@ -41,19 +42,8 @@ def minilm_md(name: str) -> dict[str, Any]:
 
 
 def ready_endpoint(kube: Kube, ns: str, service: str) -> tuple[str, int] | None:
-    slices = (
-        kube.api.get(
-            f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
-            params={"labelSelector": f"kubernetes.io/service-name={service}"},
-        )
-        or {}
-    )
-    for s in slices.get("items", []):
-        port = (s.get("ports") or [{}])[0].get("port")
-        for ep in s.get("endpoints") or []:
-            if (ep.get("conditions") or {}).get("ready") and port:
-                return ep["addresses"][0], int(port)
-    return None
+    eps = ready_endpoints(kube.api, ns, service)
+    return eps[0] if eps else None
 
 
 def infer(base: str, texts: list[str]) -> np.ndarray:

@@ -29,7 +29,7 @@ import httpx
 import yaml
 
 from .cluster import Cluster, binaries_dir, down, up
-from .kubeapi import KubeAPI
+from .kubeapi import KubeAPI, ready_endpoints
 from .state import REPO_ROOT, ClusterRecord, Layout, ProcessRecord
 
 BOLD, DIM, RESET = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
@@ -119,19 +119,20 @@ class Demo:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
     def endpoint(self, ns: str, service: str) -> tuple[str, int]:
-        slices = (
-            self.api.get(
-                f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices",
-                params={"labelSelector": f"kubernetes.io/service-name={service}"},
-            )
-            or {}
+        eps = ready_endpoints(self.api, ns, service)
+        if not eps:
+            raise KeyError("no ready endpoint")
+        return eps[0]
+
+    def pod_containers(self, ns: str, revision: str) -> dict[str, str | None]:
+        """Pod name -> container ID (``process://PID``) of a revision's pods."""
+        pods = self.api.get(
+            f"/api/v1/namespaces/{ns}/pods", params={"labelSelector": f"modeldeploy.io/revision={revision}"}
         )
-        for s in slices.get("items", []):
-            port = (s.get("ports") or [{}])[0].get("port")
-            for ep in s.get("endpoints") or []:
-                if (ep.get("conditions") or {}).get("ready") and port:
-                    return ep["addresses"][0], int(port)
-        raise KeyError("no ready endpoint")
+        return {
+            p["metadata"]["name"]: p["status"]["containerStatuses"][0].get("containerID")
+            for p in (pods or {})["items"]
+        }
 
 
 class Load:
@@ -169,20 +170,7 @@ class Load:
 
     def _refresh(self) -> None:
         while not self._stop.is_set():
-            slices = (
-                self.demo.api.get(
-                    f"/apis/discovery.k8s.io/v1/namespaces/{self.ns}/endpointslices",
-                    params={"labelSelector": f"kubernetes.io/service-name={self.service}"},
-                )
-                or {}
-            )
-            eps = []
-            for sl in slices.get("items", []):
-                port = (sl.get("ports") or [{}])[0].get("port")
-                for ep in sl.get("endpoints") or []:
-                    if (ep.get("conditions") or {}).get("ready") and port:
-                        eps.append((ep["addresses"][0], int(port)))
-            self._endpoints = eps
+            self._endpoints = ready_endpoints(self.demo.api, self.ns, self.service)
             self._stop.wait(0.3)
 
     def _send(self) -> None:
@@ -327,7 +315,7 @@ def run(state_dir: Path) -> int:
         time.sleep(8)
 
         say("3. v2: a new revision is canaried (25% -> 50% -> 100%), each step judged by Prometheus")
-        v1 = (_md(demo, ns, name).get("status") or {}).get("stableRevision")
+        v1 = str((_md(demo, ns, name).get("status") or {}).get("stableRevision"))
         demo.kubectl("patch", "md", name, "--type=merge", "-p", '{"spec":{"model":{"version":"2"}}}')
         md = _watch(
             demo,
@@ -376,15 +364,7 @@ def run(state_dir: Path) -> int:
         _plugin(demo, "status", name)
 
         say("5. A manual failback to the warm v1: a traffic switch, no cold start")
-        pods_before = {
-            p["metadata"]["name"]: p["status"]["containerStatuses"][0].get("containerID")
-            for p in (
-                demo.api.get(
-                    f"/api/v1/namespaces/{ns}/pods", params={"labelSelector": f"modeldeploy.io/revision={v1}"}
-                )
-                or {}
-            )["items"]
-        }
+        pods_before = demo.pod_containers(ns, v1)
         switch = time.monotonic()
         _plugin(demo, "rollback", name)
         _watch(
@@ -402,17 +382,9 @@ def run(state_dir: Path) -> int:
         print(
             f"  last answer from another revision: {gone:.2f}s after the rollback command; since then only v1"
         )
-        pods_after = {
-            p["metadata"]["name"]: p["status"]["containerStatuses"][0].get("containerID")
-            for p in (
-                demo.api.get(
-                    f"/api/v1/namespaces/{ns}/pods", params={"labelSelector": f"modeldeploy.io/revision={v1}"}
-                )
-                or {}
-            )["items"]
-        }
+        pods_after = demo.pod_containers(ns, v1)
         same = bool(pods_before) and all(pods_after.get(k) == v for k, v in pods_before.items())
-        print(f"  v1 pods and processes unchanged: {same} {sorted(pods_before.values())}")
+        print(f"  v1 pods and processes unchanged: {same} {sorted(str(c) for c in pods_before.values())}")
         time.sleep(3)
         load.stop()
 

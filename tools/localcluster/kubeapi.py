@@ -98,3 +98,21 @@ class KubeAPI:
             for line in r.iter_lines():
                 if line:
                     yield json.loads(line)
+
+
+def ready_endpoints(api: KubeAPI, namespace: str, service: str) -> list[tuple[str, int]]:
+    """``(ip, port)`` of every ready endpoint in a Service's EndpointSlices (first port of each slice)."""
+    slices = (
+        api.get(
+            f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
+            params={"labelSelector": f"kubernetes.io/service-name={service}"},
+        )
+        or {}
+    )
+    out: list[tuple[str, int]] = []
+    for s in slices.get("items", []):
+        port = (s.get("ports") or [{}])[0].get("port")
+        for ep in s.get("endpoints") or []:
+            if (ep.get("conditions") or {}).get("ready") and port:
+                out.extend((ip, int(port)) for ip in ep["addresses"])
+    return out

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from .cluster import Cluster, binaries_dir, down, up
-from .kubeapi import KubeAPI, KubeError
+from .kubeapi import KubeAPI, KubeError, ready_endpoints
 
 T = TypeVar("T")
 
@@ -91,6 +91,8 @@ class Kube:
         return (self.api.get(f"/api/v1/namespaces/{namespace}/pods", params=params) or {}).get("items", [])
 
     def endpoint_ips(self, namespace: str, service: str, *, ready_only: bool = True) -> set[str]:
+        if ready_only:
+            return {ip for ip, _ in ready_endpoints(self.api, namespace, service)}
         slices = (
             self.api.get(
                 f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices",
@@ -98,12 +100,9 @@ class Kube:
             )
             or {}
         )
-        ips: set[str] = set()
-        for s in slices.get("items", []):
-            for ep in s.get("endpoints") or []:
-                if not ready_only or (ep.get("conditions") or {}).get("ready"):
-                    ips.update(ep["addresses"])
-        return ips
+        return {
+            ip for s in slices.get("items", []) for ep in s.get("endpoints") or [] for ip in ep["addresses"]
+        }
 
 
 @pytest.fixture(scope="session")
