@@ -12,6 +12,7 @@ Field names are camelCase on the wire (aliases) and snake_case in Python.
 from __future__ import annotations
 
 import itertools
+import os
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -29,6 +30,13 @@ SHORT_NAMES = ["md"]
 CATEGORIES = ["modeldeploy"]
 
 DEFAULT_IMAGE = "modeldeploy/modelserver:dev"
+
+
+def default_image() -> str:
+    """The image of ModelDeployments that set none: ``$MODELDEPLOY_DEFAULT_IMAGE`` or DEFAULT_IMAGE."""
+    return os.environ.get("MODELDEPLOY_DEFAULT_IMAGE") or DEFAULT_IMAGE
+
+
 #: a ModelDeployment's name becomes part of ``<name>-<revision>`` Service names (DNS-1035, 63 chars)
 MAX_NAME_LENGTH = 52
 
@@ -448,12 +456,13 @@ class ModelDeploymentSpec(_Model):
     """Desired state of a ModelDeployment."""
 
     model: ModelSpec
-    image: str = Field(
-        default=DEFAULT_IMAGE,
+    image: str | None = Field(
+        default=None,
         min_length=1,
         max_length=512,
         pattern=r"^[^\s]+$",
-        description="The serving image (runs `python -m modelserver`).",
+        description="The serving image (runs `python -m modelserver`); unset: the operator's default "
+        f"(env MODELDEPLOY_DEFAULT_IMAGE, else {DEFAULT_IMAGE}).",
     )
     replicas: int = Field(default=1, ge=0, le=1000, description="Serving pods of the stable revision.")
     resources: ResourcesSpec = Field(
@@ -600,6 +609,11 @@ class ModelDeployment(BaseModel):
 
     @classmethod
     def from_api(cls, obj: dict[str, Any]) -> ModelDeployment:
-        return cls.model_validate(
+        """Parse a live object; an unset ``spec.image`` becomes the operator's default image, so the
+        image is part of the revision like everything else that shapes the pods."""
+        md = cls.model_validate(
             {**obj, "status": obj.get("status") or {}},
         )
+        if md.spec.image is None:
+            md.spec = md.spec.model_copy(update={"image": default_image()})
+        return md

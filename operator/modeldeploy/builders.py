@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 from . import api
-from .api import ModelDeployment, ModelDeploymentSpec
+from .api import ModelDeployment, ModelDeploymentSpec, default_image
 
 LABEL_NAME = "modeldeploy.io/name"
 LABEL_REVISION = "modeldeploy.io/revision"
@@ -64,7 +64,7 @@ def revision_spec(spec: ModelDeploymentSpec) -> dict[str, Any]:
     """
     return {
         "model": spec.model.to_api(),
-        "image": spec.image,
+        "image": spec.image or default_image(),
         "resources": spec.resources.to_api(),
         "nodeSelector": dict(sorted(spec.node_selector.items())),
         "tolerations": [t.to_api() for t in spec.tolerations],
@@ -214,7 +214,7 @@ def pod_template(md: ModelDeployment, spec: ModelDeploymentSpec, revision: str) 
     labels = {**common_labels(md), LABEL_REVISION: revision, LABEL_COMPONENT: "server"}
     container = {
         "name": CONTAINER_NAME,
-        "image": spec.image,
+        "image": spec.image or default_image(),
         "imagePullPolicy": "IfNotPresent",
         "command": list(SERVER_COMMAND),
         "ports": [{"name": PORT_NAME, "containerPort": SERVER_PORT, "protocol": "TCP"}],

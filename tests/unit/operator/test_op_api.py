@@ -19,7 +19,7 @@ def spec(**over):
 def test_defaults_fill_every_section():
     s = spec()
     assert s.replicas == 1
-    assert s.image == "modeldeploy/modelserver:dev"
+    assert s.image is None  # the operator's default, filled in when a live object is parsed
     assert s.resources.gpu == 0
     assert s.model.version == "1" and s.model.format == "auto"
     assert s.batching.buckets == [32, 64, 128, 256]
@@ -104,3 +104,30 @@ def test_from_api_tolerates_missing_or_null_status(md_body):
     md = ModelDeployment.from_api(md_body)
     assert md.status.conditions == []
     assert md.name == "minilm" and md.namespace == "default" and md.uid == "md-uid-1"
+
+
+def _live(spec_body: dict) -> dict:
+    return {
+        "apiVersion": "modeldeploy.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "m", "namespace": "ns"},
+        "spec": spec_body,
+    }
+
+
+def test_an_unset_image_is_the_operators_default_and_part_of_the_revision(monkeypatch):
+    from modeldeploy import builders
+    from modeldeploy.api import ModelDeployment
+
+    body = {"model": {"name": "minilm", "uri": "file:///m"}}
+    monkeypatch.delenv("MODELDEPLOY_DEFAULT_IMAGE", raising=False)
+    plain = ModelDeployment.from_api(_live(body))
+    assert plain.spec.image == "modeldeploy/modelserver:dev"
+    explicit = ModelDeployment.from_api(_live({**body, "image": "modeldeploy/modelserver:dev"}))
+    assert builders.revision_spec(plain.spec) == builders.revision_spec(explicit.spec)
+    monkeypatch.setenv("MODELDEPLOY_DEFAULT_IMAGE", "registry.example/modelserver:2.0")
+    other = ModelDeployment.from_api(_live(body))
+    assert other.spec.image == "registry.example/modelserver:2.0"
+    assert builders.revision_spec(other.spec) != builders.revision_spec(plain.spec)
+    pinned = ModelDeployment.from_api(_live({**body, "image": "mine:1"}))
+    assert pinned.spec.image == "mine:1"  # an explicit image always wins
