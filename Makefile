@@ -37,10 +37,15 @@ iproute2:
 
 deps: venv binaries iproute2
 
+# Scenario 1 of the canary suite once more, with the operator installed by the Helm chart (a pod with
+# the chart's ServiceAccount token): the chart's RBAC is enough for a real rollout under traffic.
+E2E_CHART := E2E_OPERATOR=chart $(PYTEST) tests/e2e/test_canary.py -k good_revision
+
 test: deps
 	$(PYTEST) tests/unit
 	$(PYTEST) tests/integration
 	$(PYTEST) tests/e2e
+	$(E2E_CHART)
 
 test-unit: venv binaries
 	$(PYTEST) tests/unit
@@ -50,6 +55,7 @@ test-integration: deps
 
 test-e2e: deps
 	$(PYTEST) tests/e2e
+	$(E2E_CHART)
 
 shellcheck:
 	@command -v shellcheck >/dev/null || { echo "installing Debian's shellcheck ..."; \

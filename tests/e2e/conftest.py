@@ -43,6 +43,11 @@ def operator(
     if os.environ.get("E2E_OPERATOR_RELEASE"):
         yield None  # tools/e2e-kind.sh installed the chart: its operator is the one under test
         return
+    if os.environ.get("E2E_OPERATOR") == "chart":
+        # `helm install` the chart: the operator runs as a pod (process node agent) with the chart's
+        # ServiceAccount token and RBAC, so the scenarios prove the RBAC is sufficient.
+        yield from _chart_operator(kube, tmp_path_factory)
+        return
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     health = _free_port()
     env = {
@@ -73,3 +78,30 @@ def operator(
             proc.kill()
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])
         sys.stderr.write(f"\n--- operator log (tail) ---\n{tail}\n")
+
+
+def _chart_operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "integration" / "chart"))
+    import chart_cluster as cc
+
+    helm = cc.Helm(kube.kubeconfig, tmp_path_factory.mktemp("helm"))
+    rel = cc.Release(name="e2e", namespace="modeldeploy-e2e", watched=[])
+    cc.create_namespace(kube, rel.namespace)
+    cc.install(helm, kube, rel, "--set", "rbac.gatewayAPI=true")
+    pod = wait_for(lambda: cc.running_operator(kube, rel), timeout=120, what="the chart's operator pod")
+    try:
+        yield None
+    finally:
+        refused = [
+            e
+            for e in cc.audit_events_of(kube, rel.user)
+            if (e.get("responseStatus") or {}).get("code") == 403
+            # not RBAC: events about a test namespace that is already being deleted
+            and "being terminated" not in (e.get("responseStatus") or {}).get("message", "")
+        ]
+        log = cc.operator_log(kube, pod)
+        sys.stderr.write(f"\n--- chart operator log (tail) ---\n{log[-4000:]}\n")
+        helm("uninstall", rel.name, "--namespace", rel.namespace, check=False)
+        assert not refused, (
+            f"the chart's RBAC refused the operator: {[e.get('responseStatus') for e in refused[:3]]}"
+        )
