@@ -65,7 +65,7 @@ lint: venv binaries shellcheck
 	$(VENV)/bin/ruff check operator serving_image tools/localcluster tests bench
 	$(VENV)/bin/ruff format --check operator serving_image tools/localcluster tests bench
 	shellcheck tools/e2e-kind.sh tools/build-binaries.sh
-	$(VENV)/bin/hadolint --config tests/unit/chart/hadolint.yaml operator/Dockerfile
+	$(VENV)/bin/hadolint --config tests/unit/chart/hadolint.yaml operator/Dockerfile serving_image/Dockerfile
 	"$$(tools/build-binaries.sh)/helm" lint --strict charts/modeldeploy
 	MYPYPATH=operator:serving_image:tools $(VENV)/bin/mypy -p modeldeploy -p modelserver -p localcluster
 

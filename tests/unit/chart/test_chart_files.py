@@ -80,14 +80,7 @@ def hadolint() -> str:
     "repository",
     [
         "modeldeploy/operator",
-        pytest.param(
-            "modeldeploy/modelserver",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="hadolint 2.15 cannot parse the RUN heredoc (<<'PY') in serving_image/Dockerfile; "
-                "passes once that step is written as `python -c` or a script file",
-            ),
-        ),
+        "modeldeploy/modelserver",
     ],
 )
 def test_hadolint_clean(repository: str) -> None:
