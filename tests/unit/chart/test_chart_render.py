@@ -268,3 +268,9 @@ def test_gateway_api_rights_only_when_enabled() -> None:
     assert key not in rule_table(one(render(), "ClusterRole")["rules"])
     rules = rule_table(one(render("--set", "rbac.gatewayAPI=true"), "ClusterRole")["rules"])
     assert rules[key] == {"list", "create", "patch", "delete"}
+
+
+def test_the_service_monitor_keeps_the_operators_own_namespace_label() -> None:
+    docs = render("--set", "metrics.serviceMonitor.enabled=true")
+    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert all(ep.get("honorLabels") is True for ep in monitor["spec"]["endpoints"])
