@@ -249,31 +249,10 @@ def pids(kube: Kube, ns: str, name: str, revision: str) -> dict[str, tuple[str, 
     return out
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_operator(kube: Kube, log_path: Any) -> Any:
     """Another operator process (standalone), for the crash tests; returns the Popen."""
-    import os
-    import subprocess
-    import sys
+    from pathlib import Path
 
-    health = free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kube.kubeconfig),
-        "MODELDEPLOY_PROMETHEUS_URL": kube.cluster.prometheus_url,
-        "MODELDEPLOY_STANDALONE": "1",
-        "MODELDEPLOY_BIND_HOST": "127.0.0.1",
-        "MODELDEPLOY_METRICS_PORT": str(free_port()),
-        "MODELDEPLOY_HEALTH_PORT": str(health),
-    }
-    with open(log_path, "ab") as f:
-        return subprocess.Popen(
-            [sys.executable, "-m", "modeldeploy"], env=env, stdout=f, stderr=subprocess.STDOUT
-        )
+    from .conftest import start_operator as start
+
+    return start(kube, Path(log_path))[0]

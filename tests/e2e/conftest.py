@@ -36,6 +36,25 @@ def crds(kube: Kube) -> None:
     )
 
 
+def start_operator(kube: Kube, log_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``python -m modeldeploy`` (standalone, admin credentials) on the cluster: (process, health port)."""
+    health = _free_port()
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kube.kubeconfig),
+        "MODELDEPLOY_PROMETHEUS_URL": kube.cluster.prometheus_url,
+        "MODELDEPLOY_STANDALONE": "1",
+        "MODELDEPLOY_BIND_HOST": "127.0.0.1",
+        "MODELDEPLOY_METRICS_PORT": str(_free_port()),
+        "MODELDEPLOY_HEALTH_PORT": str(health),
+    }
+    with log_path.open("ab") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "modeldeploy"], env=env, stdout=f, stderr=subprocess.STDOUT
+        )
+    return proc, health
+
+
 @pytest.fixture(scope="session")
 def operator(
     kube: Kube, crds: None, tmp_path_factory: pytest.TempPathFactory
@@ -49,20 +68,7 @@ def operator(
         yield from _chart_operator(kube, tmp_path_factory)
         return
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    health = _free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kube.kubeconfig),
-        "MODELDEPLOY_PROMETHEUS_URL": kube.cluster.prometheus_url,
-        "MODELDEPLOY_STANDALONE": "1",
-        "MODELDEPLOY_BIND_HOST": "127.0.0.1",
-        "MODELDEPLOY_METRICS_PORT": str(_free_port()),
-        "MODELDEPLOY_HEALTH_PORT": str(health),
-    }
-    with log.open("ab") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "modeldeploy"], env=env, stdout=f, stderr=subprocess.STDOUT
-        )
+    proc, health = start_operator(kube, log)
     try:
         wait_for(
             lambda: httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=2).status_code == 200,
