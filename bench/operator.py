@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 import psutil
+from localcluster.audit import writes_by_agents
 from localcluster.cluster import binaries_dir, down, up
 from localcluster.kubeapi import KubeAPI
 from localcluster.state import REPO_ROOT
@@ -59,20 +60,10 @@ def md(name: str) -> dict[str, Any]:
 
 
 def operator_writes(audit_log: Path, since: float) -> int:
-    n = 0
-    for line in audit_log.read_text(errors="replace").splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if ev.get("stage") != "ResponseComplete" or not ev.get("userAgent", "").startswith(OPERATOR_UAS):
-            continue
-        if (ev.get("objectRef") or {}).get("resource") not in OUR_RESOURCES:
-            continue
-        ts = ev.get("requestReceivedTimestamp", "")
-        if ts and _epoch(ts) >= since:
-            n += 1
-    return n
+    events = writes_by_agents(audit_log, OPERATOR_UAS, OUR_RESOURCES)
+    return sum(
+        1 for ev in events if _epoch(ev.get("requestReceivedTimestamp") or "1970-01-01T00:00:00Z") >= since
+    )
 
 
 def _epoch(rfc3339: str) -> float:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localcluster.audit import completed
+
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "modeldeploy"
 MD_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}"
@@ -179,15 +181,7 @@ def audit_events_of(kube: Any, user: str) -> list[dict[str, Any]]:
     path = audit_log(kube)
     if path is None:
         return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if ev.get("stage") == "ResponseComplete" and (ev.get("user") or {}).get("username") == user:
-            out.append(ev)
-    return out
+    return [ev for ev in completed(path) if (ev.get("user") or {}).get("username") == user]
 
 
 def can_i(

@@ -10,7 +10,6 @@ scheduler, kwok nodes and the process node agent).
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import signal
 import socket
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from localcluster.audit import writes_by_agents
 
 REPO = Path(__file__).resolve().parents[3]
 OPERATOR_UAS = ("modeldeploy-operator", "kopf/")  # our REST client and kopf's own (watches, peering)
@@ -147,30 +147,18 @@ class Audit:
         self.path = path
 
     def writes(self) -> list[dict[str, Any]]:
-        out = []
-        if not self.path.exists():
-            return out
-        for line in self.path.read_text(errors="replace").splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("stage") != "ResponseComplete" or not ev.get("userAgent", "").startswith(OPERATOR_UAS):
-                continue
-            ref = ev.get("objectRef") or {}
-            if ref.get("resource") not in CHILD_RESOURCES:
-                continue  # events and peering keep-alives are not writes to our objects
-            out.append(
-                {
-                    "verb": ev.get("verb"),
-                    "resource": ref.get("resource"),
-                    "subresource": ref.get("subresource"),
-                    "namespace": ref.get("namespace"),
-                    "name": ref.get("name"),
-                    "code": (ev.get("responseStatus") or {}).get("code"),
-                }
-            )
-        return out
+        # events and peering keep-alives are not writes to our objects: CHILD_RESOURCES only
+        return [
+            {
+                "verb": ev.get("verb"),
+                "resource": ev["objectRef"].get("resource"),
+                "subresource": ev["objectRef"].get("subresource"),
+                "namespace": ev["objectRef"].get("namespace"),
+                "name": ev["objectRef"].get("name"),
+                "code": (ev.get("responseStatus") or {}).get("code"),
+            }
+            for ev in writes_by_agents(self.path, OPERATOR_UAS, CHILD_RESOURCES)
+        ]
 
     def settle(self) -> None:
         """The audit log is written in batches (max wait 1 s)."""
