@@ -44,9 +44,6 @@ class Cluster:
     prometheus_url: str
     apiserver_url: str
 
-    def api(self) -> KubeAPI:
-        return KubeAPI(self.kubeconfig)
-
 
 def binaries_dir() -> Path:
     """Where the pinned binaries are (built on first use): ``$LOCALCLUSTER_BIN_DIR`` or the build cache."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +89,3 @@ class ProbeTracker:
             if self.failures >= int(self.probe.get("failureThreshold", 3)):
                 self.result = False
         return self.result
-
-
-def monotonic() -> float:
-    return time.monotonic()
