@@ -268,6 +268,18 @@ class Kube:
                 return False
             raise
 
+    def _patch(
+        self,
+        content_type: str,
+        rt: ResourceType,
+        namespace: str | None,
+        name: str,
+        patch: dict[str, Any],
+        sub: str | None,
+    ) -> dict[str, Any]:
+        metrics.WRITES.labels(kind=rt.kind if sub is None else f"{rt.kind}/{sub}", verb="patch").inc()
+        return self.request("PATCH", rt.path(namespace, name, sub), body=patch, content_type=content_type)
+
     def merge_patch(
         self,
         rt: ResourceType,
@@ -276,10 +288,7 @@ class Kube:
         patch: dict[str, Any],
         sub: str | None = None,
     ) -> dict[str, Any]:
-        metrics.WRITES.labels(kind=rt.kind if sub is None else f"{rt.kind}/{sub}", verb="patch").inc()
-        return self.request(
-            "PATCH", rt.path(namespace, name, sub), body=patch, content_type="application/merge-patch+json"
-        )
+        return self._patch("application/merge-patch+json", rt, namespace, name, patch, sub)
 
     def strategic_patch(
         self,
@@ -289,10 +298,4 @@ class Kube:
         patch: dict[str, Any],
         sub: str | None = None,
     ) -> dict[str, Any]:
-        metrics.WRITES.labels(kind=rt.kind if sub is None else f"{rt.kind}/{sub}", verb="patch").inc()
-        return self.request(
-            "PATCH",
-            rt.path(namespace, name, sub),
-            body=patch,
-            content_type="application/strategic-merge-patch+json",
-        )
+        return self._patch("application/strategic-merge-patch+json", rt, namespace, name, patch, sub)
