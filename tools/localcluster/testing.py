@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 import pytest
@@ -89,6 +89,23 @@ class Kube:
     def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
         params = {"labelSelector": selector} if selector else None
         return (self.api.get(f"/api/v1/namespaces/{namespace}/pods", params=params) or {}).get("items", [])
+
+    LISTS: ClassVar[dict[str, str]] = {
+        "deployments": "/apis/apps/v1/namespaces/{ns}/deployments",
+        "services": "/api/v1/namespaces/{ns}/services",
+        "pdbs": "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+        "pods": "/api/v1/namespaces/{ns}/pods",
+    }
+
+    def labelled(
+        self, namespace: str, selector: str, kinds: tuple[str, ...]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Objects of each of ``kinds`` (keys of :attr:`LISTS`) in ``namespace`` matching a label selector."""
+        params = {"labelSelector": selector}
+        return {
+            kind: (self.api.get(self.LISTS[kind].format(ns=namespace), params=params) or {}).get("items", [])
+            for kind in kinds
+        }
 
     def endpoint_ips(self, namespace: str, service: str, *, ready_only: bool = True) -> set[str]:
         if ready_only:

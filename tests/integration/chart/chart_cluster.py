@@ -233,16 +233,7 @@ def md_ready(kube: Any, ns: str, name: str, replicas: int = 1) -> dict[str, Any]
 
 
 def children(kube: Any, ns: str, name: str) -> dict[str, list[dict[str, Any]]]:
-    sel = {"labelSelector": f"modeldeploy.io/name={name}"}
-    out = {}
-    for kind, path in (
-        ("deployments", f"/apis/apps/v1/namespaces/{ns}/deployments"),
-        ("services", f"/api/v1/namespaces/{ns}/services"),
-        ("pdbs", f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"),
-        ("pods", f"/api/v1/namespaces/{ns}/pods"),
-    ):
-        out[kind] = (kube.api.get(path, params=sel) or {}).get("items", [])
-    return out
+    return kube.labelled(ns, f"modeldeploy.io/name={name}", ("deployments", "services", "pdbs", "pods"))
 
 
 def events_from_operator(kube: Any, ns: str, name: str) -> list[dict[str, Any]]:
