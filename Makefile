@@ -9,7 +9,7 @@ STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 deps test test-unit test-integration test-e2e lint \
-        cluster-up cluster-down demo bench-serving bench-operator crds e2e-kind shellcheck clean
+        cluster-up cluster-down demo rehearsal bench-serving bench-operator crds e2e-kind shellcheck clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
@@ -18,6 +18,7 @@ help:
 	@echo "make cluster-up / cluster-down   the local Kubernetes cluster alone"
 	@echo "make bench-serving / bench-operator   benchmarks (results under bench/results/)"
 	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
+	@echo "make rehearsal   the fresh-machine rehearsal: .ci/run on a clone of main with empty Go and binary caches"
 	@echo "make e2e-kind    the e2e suite on kind with a GPU worker (docs/gpu-kind.md)"
 
 $(STAMP): pyproject.toml
@@ -64,7 +65,7 @@ shellcheck:
 lint: venv binaries shellcheck
 	$(VENV)/bin/ruff check operator serving_image tools/localcluster tests bench
 	$(VENV)/bin/ruff format --check operator serving_image tools/localcluster tests bench
-	shellcheck tools/e2e-kind.sh tools/build-binaries.sh
+	shellcheck tools/e2e-kind.sh tools/build-binaries.sh tools/fresh-rehearsal.sh
 	$(VENV)/bin/hadolint --config tests/unit/chart/hadolint.yaml operator/Dockerfile serving_image/Dockerfile
 	"$$(tools/build-binaries.sh)/helm" lint --strict charts/modeldeploy
 	MYPYPATH=operator:serving_image:tools $(VENV)/bin/mypy -p modeldeploy -p modelserver -p localcluster
@@ -88,6 +89,10 @@ crds: venv
 	$(PY) -m modeldeploy.crdgen > crds/modeldeployment.yaml
 	$(PY) -m modeldeploy.crdgen --peering > crds/kopfpeering.yaml
 	cp crds/*.yaml charts/modeldeploy/crds/
+
+# A fresh machine's CI, rehearsed: clone main, empty Go/binary caches, .ci/run (REHEARSAL_ARGS: --cold-pip, --keep, ...)
+rehearsal:
+	tools/fresh-rehearsal.sh $(REHEARSAL_ARGS)
 
 # The same e2e suite on kind with a GPU worker (needs docker, kind, nvidia-ctk, helm): docs/gpu-kind.md
 e2e-kind: venv

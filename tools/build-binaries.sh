@@ -34,6 +34,34 @@ build() {  # build <module dir> <output name> <version> <package> [ldflags]
   echo "built $out in $((SECONDS - start))s" >&2
 }
 
+# module_dir <module dir> <module path>: the module's directory in the module cache, downloading it
+# first. (`go list -m -f {{.Dir}}` prints nothing for a module that was never downloaded.)
+module_dir() {
+  local dir=$1 mod=$2 out
+  (cd "$here/$dir" && go mod download "$mod") || {
+    echo "build-binaries: 'go mod download $mod' failed in tools/$dir" >&2; return 1; }
+  out="$(cd "$here/$dir" && go list -m -f '{{.Dir}}' "$mod")"
+  if [[ -z "$out" || ! -d "$out" ]]; then
+    echo "build-binaries: module $mod (tools/$dir) has no directory in the module cache after download" >&2
+    return 1
+  fi
+  echo "$out"
+}
+
+# copy_files <destination> <source dir> <glob>: copies the matching files, failing when none match.
+copy_files() {
+  local dest=$1 src=$2 glob=$3 files
+  shopt -s nullglob
+  # shellcheck disable=SC2206  # the glob must expand here
+  files=("$src"/$glob)
+  shopt -u nullglob
+  if ((${#files[@]} == 0)); then
+    echo "build-binaries: no files match $src/$glob" >&2
+    return 1
+  fi
+  cp -r "${files[@]}" "$dest/"
+}
+
 minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
 kv=""
 for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -54,8 +82,9 @@ build prometheus prometheus "$PROMETHEUS_VERSION" github.com/prometheus/promethe
 # kwok needs Stage documents; copy the ones its module ships.
 kwok_stages="$store/kwok-stages-$KWOK_VERSION"
 if [[ ! -d "$kwok_stages" ]]; then
-  src="$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
-  rm -rf "$kwok_stages.tmp" && mkdir -p "$kwok_stages.tmp" && cp -r "$src"/. "$kwok_stages.tmp/"
+  src="$(module_dir kwok sigs.k8s.io/kwok)/kustomize/stage"
+  rm -rf "$kwok_stages.tmp" && mkdir -p "$kwok_stages.tmp"
+  copy_files "$kwok_stages.tmp" "$src" "*"
   chmod -R u+w "$kwok_stages.tmp" && mv "$kwok_stages.tmp" "$kwok_stages"
 fi
 links+=("kwok-stages=$kwok_stages")
@@ -63,9 +92,9 @@ links+=("kwok-stages=$kwok_stages")
 # The Gateway API's standard-channel CRDs, installed into the local cluster.
 gateway_crds="$store/gateway-api-crds-$GATEWAY_API_VERSION"
 if [[ ! -d "$gateway_crds" ]]; then
-  src="$(cd "$here/gateway-api" && go list -m -f '{{.Dir}}' sigs.k8s.io/gateway-api)/config/crd/standard"
+  src="$(module_dir gateway-api sigs.k8s.io/gateway-api)/config/crd/standard"
   rm -rf "$gateway_crds.tmp" && mkdir -p "$gateway_crds.tmp"
-  cp "$src"/gateway.networking.k8s.io_*.yaml "$gateway_crds.tmp/"
+  copy_files "$gateway_crds.tmp" "$src" "gateway.networking.k8s.io_*.yaml"
   rm -f "$gateway_crds.tmp"/*_vap_*.yaml   # a ValidatingAdmissionPolicy, not a CRD
   chmod -R u+w "$gateway_crds.tmp" && mv "$gateway_crds.tmp" "$gateway_crds"
 fi
