@@ -533,14 +533,41 @@ class AnalysisStatus(_Model):
     measurements: list[Measurement] = Field(default_factory=list, max_length=32)
 
 
+#: entries kept in ``status.history`` (the oldest go first)
+HISTORY_LIMIT = 20
+
+#: what a history entry says to a reader (kubectl, events, the Degraded reason)
+HistoryOutcome = Literal[
+    "Deployed", "Promoted", "RolledBack", "Aborted", "Superseded", "FailedBack", "Expired"
+]
+#: what a history entry means to the rollout state machine. ``Deployed``: straight to 100 % without a
+#: canary (the first revision, or the stable revision was gone), so nothing to bake; ``Promoted``: after a
+#: canary (or by hand), so the bake analysis runs on it.
+HistoryKind = Literal["Deployed", "Promoted", "RolledBack", "Aborted", "Superseded", "FailedBack"]
+
+
 class HistoryEntry(_Model):
     """A decision about a revision."""
 
     revision: str = Field(max_length=63)
-    outcome: Literal["Deployed", "Promoted", "RolledBack", "Aborted", "Superseded", "FailedBack", "Expired"]
+    outcome: HistoryOutcome
+    kind: HistoryKind | None = Field(
+        default=None,
+        description="What the decision means to the rollout (outcome is what it says). Absent in entries "
+        "written before this field existed: read as the outcome.",
+    )
     time: datetime
     reason: str = Field(default="", max_length=4096)
     measurement: Measurement | None = None
+
+    @model_validator(mode="after")
+    def _legacy_kind(self) -> HistoryEntry:
+        """An entry written by an older operator has no ``kind``: it is its outcome. (The one entry that
+        reads differently -- ``Promoted`` because the stable revision was gone, kind ``Deployed`` -- never
+        had a warm previous revision next to it, which is all that the difference decides.)"""
+        if self.kind is None and self.outcome != "Expired":
+            self.kind = self.outcome
+        return self
 
 
 class ModelDeploymentStatus(_Model):
@@ -577,7 +604,7 @@ class ModelDeploymentStatus(_Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     analysis: AnalysisStatus | None = None
-    history: list[HistoryEntry] = Field(default_factory=list, max_length=20)
+    history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
 
 
 class ModelDeployment(BaseModel):

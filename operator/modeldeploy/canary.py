@@ -39,28 +39,44 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from .analysis import Judgement, Outcome, advance, build_queries
 from .api import (
+    HISTORY_LIMIT,
     AnalysisStatus,
     HistoryEntry,
+    HistoryKind,
+    HistoryOutcome,
     Measurement,
     ModelDeployment,
     ModelDeploymentSpec,
+    RolloutSpec,
     parse_duration,
 )
 from .status import PodFacts, RevisionCounts
 
-HISTORY_LIMIT = 20
 COMMAND_ANNOTATION = "modeldeploy.io/command"
-FAILED_OUTCOMES = ("RolledBack", "Aborted", "FailedBack")
 MIN_REQUEUE = 0.5
 
 Role = Literal["stable", "canary", "previous", "old"]
 RolloutResult = Literal["promoted", "rolled_back", "failed_back", "aborted", "superseded", "deployed"]
+
+#: a revision whose latest history entry is one of these stays out of traffic until the spec changes
+FAILED_KINDS: tuple[HistoryKind, ...] = ("RolledBack", "Aborted", "FailedBack")
+#: history entries that are Warning events
+WARNING_KINDS: tuple[HistoryKind, ...] = ("RolledBack", "Aborted", "FailedBack", "Superseded")
+#: the operator metric's result label of each kind of history entry
+RESULTS: dict[HistoryKind, RolloutResult] = {
+    "Deployed": "deployed",
+    "Promoted": "promoted",
+    "RolledBack": "rolled_back",
+    "Aborted": "aborted",
+    "FailedBack": "failed_back",
+    "Superseded": "superseded",
+}
 
 
 @dataclass(frozen=True)
@@ -204,39 +220,124 @@ def latest_entry(history: Sequence[HistoryEntry], revision: str) -> HistoryEntry
 def has_failed(history: Sequence[HistoryEntry], revision: str) -> bool:
     """A revision whose latest decision is a rollback, abort or failback stays out until the spec changes."""
     h = latest_entry(history, revision)
-    return h is not None and h.outcome in FAILED_OUTCOMES
+    return h is not None and h.kind in FAILED_KINDS
 
 
 def _seconds(d: str) -> timedelta:
     return timedelta(seconds=parse_duration(d))
 
 
-class _Builder:
-    """Accumulates one decision (history, events, results) over a linear list of steps."""
+def _due(rollout: RolloutSpec, started: datetime, analysis: AnalysisStatus | None) -> datetime:
+    """When the next window is due: one interval after the step started and after the last judgement."""
+    last = analysis.last_run if analysis and analysis.last_run else None
+    base = max(started, last) if last else started
+    return base + _seconds(rollout.interval)
 
-    def __init__(self, md: ModelDeployment, now: datetime, live: Mapping[str, ModelDeploymentSpec | None]):
-        self.md = md
-        self.now = now
-        self.live = dict(live)  # revision -> its pod-shaping spec (the current one included)
-        self.history = list(md.status.history)
-        self.events: list[Event] = []
-        self.results: list[RolloutResult] = []
-        self.wake: list[datetime] = []
+
+# ---------------------------------------------------------------------------------------------- context
+
+
+@dataclass
+class Rollout:
+    """One reconcile of the rollout: what was observed (the object and its status, the live revisions,
+    their pods, the clock, the analysis) and what has been decided so far (history, events, results,
+    when to look again). The state functions below read it and add to it; none does I/O."""
+
+    md: ModelDeployment
+    current: str  # the revision of the current spec
+    live: dict[str, ModelDeploymentSpec | None]  # revision -> its pod-shaping spec (the current one included)
+    counts: Mapping[str, RevisionCounts]
+    now: datetime
+    measure: Measure | None
+    command: Command | None
+    previous: str | None  # the warm standby, while its Deployment exists and its ttl has not run out
+    previous_expires_at: datetime | None
+    history: list[HistoryEntry]
+    events: list[Event] = field(default_factory=list)
+    results: list[RolloutResult] = field(default_factory=list)
+    wake: list[datetime] = field(default_factory=list)
+
+    @classmethod
+    def observe(
+        cls,
+        md: ModelDeployment,
+        current: str,
+        live_specs: Mapping[str, ModelDeploymentSpec | None],
+        counts: Mapping[str, RevisionCounts],
+        now: datetime,
+        measure: Measure | None,
+    ) -> Rollout:
+        st = md.status
+        ctx = cls(
+            md=md,
+            current=current,
+            live={**live_specs, current: md.spec},
+            counts=counts,
+            now=now,
+            measure=measure,
+            command=parse_command(md),
+            previous=st.previous_revision,
+            previous_expires_at=st.previous_expires_at,
+            history=list(st.history),
+        )
+        previous = ctx.previous
+        if previous is not None and (live_specs.get(previous) is None or previous == st.stable_revision):
+            ctx.previous, ctx.previous_expires_at = None, None
+        elif previous is not None and ctx.previous_expires_at is not None and now >= ctx.previous_expires_at:
+            ctx.events.append(
+                Event("Normal", "PreviousExpired", f"revision {previous}: warm standby ttl over; scaled down")
+            )
+            ctx.previous, ctx.previous_expires_at = None, None
+        return ctx
+
+    @property
+    def spec(self) -> ModelDeploymentSpec:
+        return self.md.spec
+
+    @property
+    def rollout(self) -> RolloutSpec:
+        return self.md.spec.rollout
+
+    @property
+    def replicas(self) -> int:
+        return self.md.spec.replicas
+
+    @property
+    def stable(self) -> str:
+        """The stable revision (every state but ``deployed`` has one)."""
+        stable = self.md.status.stable_revision
+        assert stable is not None
+        return stable
+
+    def spec_of(self, revision: str) -> ModelDeploymentSpec:
+        spec = self.live.get(revision)
+        assert spec is not None, f"revision {revision} has no readable spec"
+        return spec
+
+    def in_traffic(self, revision: str) -> int:
+        return self.counts.get(revision, RevisionCounts()).in_traffic
+
+    def command_for(self, *revisions: str | None) -> Command | None:
+        """The command, when it was issued against one of ``revisions`` (None: issued against any)."""
+        cmd = self.command
+        return cmd if cmd is not None and cmd.revision in revisions else None
 
     def record(
         self,
         revision: str,
-        outcome: Any,
+        kind: HistoryKind,
         reason: str,
         measurement: Measurement | None = None,
-        event_type: str = "Normal",
-        result: RolloutResult | None = None,
+        outcome: HistoryOutcome | None = None,
     ) -> None:
+        """A decision about ``revision``: a history entry, an event, a result for the operator metric."""
+        said = outcome or kind
         self.history = [
             *self.history,
             HistoryEntry(
                 revision=revision,
-                outcome=outcome,
+                outcome=said,
+                kind=kind,
                 time=self.now,
                 reason=reason[:4096],
                 measurement=measurement,
@@ -246,25 +347,143 @@ class _Builder:
         if measurement is not None and measurement.query:
             m = measurement
             msg += f" [query: {m.query}; value: {m.value}; threshold: {m.threshold}]"
-        self.events.append(Event(event_type, outcome, msg))
-        if result:
-            self.results.append(result)
+        self.events.append(Event("Warning" if kind in WARNING_KINDS else "Normal", said, msg))
+        self.results.append(RESULTS[kind])
 
     def at(self, when: datetime | None) -> None:
+        """Look again at ``when``."""
         if when is not None:
             self.wake.append(when)
 
-    def finish(self, d: Decision, mode: str) -> Decision:
+    def judge(
+        self,
+        revision: str,
+        stable: str | None,
+        analysis: AnalysisStatus | None,
+        phase: Literal["canary", "bake"],
+        what: str,
+    ) -> Outcome:
+        """Judge the last window of ``revision`` (against ``stable``), with an event for the verdict."""
+        assert self.measure is not None
+        req = AnalysisRequest(self.md.namespace, self.md.name, revision, stable, self.rollout.interval, phase)
+        out = advance(self.rollout.analysis, analysis, self.measure(req), self.now)
+        # a failed window is AnalysisFailed even below failureLimit; a held window (no data) AnalysisHold
+        verdict = {"Pass": "AnalysisPassed", "Fail": "AnalysisFailed", "NoData": "AnalysisHold"}[out.verdict]
+        self.events.append(
+            Event(
+                "Normal" if out.verdict == "Pass" else "Warning",
+                verdict,
+                f"revision {revision} ({what}): {out.reason}"
+                + "".join(
+                    f"; {m.metric}={m.value} (threshold {m.threshold}, {m.verdict}) query: {m.query}"
+                    for m in out.state.measurements
+                    if m.time == self.now and m.revision == revision
+                ),
+            )
+        )
+        return out
+
+    def warm_previous(self, *besides: str) -> list[Target]:
+        """The warm standby (out of traffic), unless it is one of ``besides``."""
+        previous = self.previous
+        if previous is None or previous in besides or self.live.get(previous) is None:
+            return []
+        self.at(self.previous_expires_at)
+        return [Target(previous, self.spec_of(previous), self.rollout.keep_previous.replicas, "previous", 0)]
+
+    def failed(self, *besides: str) -> list[Target]:
+        """Failed revisions kept out of traffic for ``abortScaleDownDelay`` (for debugging)."""
+        delay = _seconds(self.rollout.abort_scale_down_delay)
+        if delay.total_seconds() <= 0:
+            return []
+        out = []
+        for rev, spec in self.live.items():
+            if rev in besides or spec is None:
+                continue
+            h = latest_entry(self.history, rev)
+            if h is None or h.kind not in FAILED_KINDS:
+                continue
+            until = h.time + delay
+            if self.now < until:
+                out.append(Target(rev, spec, self.replicas, "old", 0))
+                self.at(until)
+        return out
+
+    def finish(self, d: Decision) -> Decision:
         d.history = self.history
         d.events = [*self.events, *d.events]
         d.results = [*self.results, *d.results]
-        d.routing_mode = mode
-        future = [w for w in self.wake if w is not None]
-        d.requeue_at = min(future) if future else None
+        d.routing_mode = self.rollout.traffic_routing.mode
+        d.requeue_at = min(self.wake) if self.wake else None
         return d
 
 
+# ---------------------------------------------------------------------------------------------- decisions
+#
+# What a state function decides, as data; :func:`_canary` and :func:`_stable` carry them out.
+
+
+@dataclass(frozen=True)
+class Promote:
+    """The canary becomes stable; the old stable becomes the warm previous."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class RollBack:
+    """The canary leaves traffic at once; the stable takes 100 %."""
+
+    kind: Literal["RolledBack", "Aborted"]
+    reason: str
+    measurement: Measurement | None = None
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """The step's window passed: on to the next step."""
+
+
+@dataclass(frozen=True)
+class FailBack:
+    """The (baking) stable failed: back to the warm previous revision."""
+
+    reason: str
+    measurement: Measurement | None = None
+
+
+CanaryDecision = Promote | RollBack | NextStep
+
+
+@dataclass(frozen=True)
+class CanaryStep:
+    """Where a canary is: its step, the step's clock, and its analysis."""
+
+    step: int
+    started: datetime | None  # when the step's pods were all in traffic
+    waiting: datetime | None  # since when the step waits for its pods
+    analysis: AnalysisStatus | None
+
+
 # ---------------------------------------------------------------------------------------------- decide
+
+State = Literal["deployed", "stable", "canary"]
+
+
+def state_of(ctx: Rollout) -> State:
+    """Which state the rollout is in.
+
+    ``deployed``: the first revision, or the stable revision is gone -- straight to 100 %;
+    ``stable``: at rest on the stable revision (the spec is the stable one, or the current revision
+    failed), baking it after a promotion, or failing back from it; ``canary``: a canary of the current
+    revision.
+    """
+    stable = ctx.md.status.stable_revision
+    if stable is None or (stable != ctx.current and ctx.live.get(stable) is None):
+        return "deployed"
+    if ctx.current == stable or has_failed(ctx.history, ctx.current):
+        return "stable"
+    return "canary"
 
 
 def decide(
@@ -276,416 +495,359 @@ def decide(
     measure: Measure | None = None,
 ) -> Decision:
     """The rollout decision for one reconcile (pure, given a pure ``measure``)."""
-    spec, st, ro = md.spec, md.status, md.spec.rollout
-    mode = ro.traffic_routing.mode
-    b = _Builder(md, now, {**live_specs, current: spec})
-    cmd = parse_command(md)
-    stable = st.stable_revision
-
-    def spec_of(rev: str) -> ModelDeploymentSpec | None:
-        return spec if rev == current else live_specs.get(rev)
-
-    # -- previous (warm standby): kept while its Deployment exists and its ttl has not run out
-    previous = st.previous_revision
-    prev_expires = st.previous_expires_at
-    if previous is not None and (live_specs.get(previous) is None or previous == stable):
-        previous, prev_expires = None, None
-    if previous is not None and prev_expires is not None and now >= prev_expires:
-        b.events.append(
-            Event("Normal", "PreviousExpired", f"revision {previous}: warm standby ttl over; scaled down")
-        )
-        previous, prev_expires = None, None
-
-    # -- first revision, or the stable revision is gone: straight to 100 %
-    if stable is None or (stable != current and live_specs.get(stable) is None):
-        outcome = "Deployed" if stable is None else "Promoted"
-        reason = "first revision: straight to 100%" if stable is None else f"stable revision {stable} is gone"
-        b.record(current, outcome, reason, result="deployed")
-        return b.finish(_rest(md, current, spec, counts, cmd is not None), mode)
-
-    stable_spec = spec_of(stable)
-    assert stable_spec is not None
-    canary = st.canary_revision
-
-    # -- at rest on the stable revision (the spec is the stable one, or the current revision failed)
-    if current == stable or has_failed(b.history, current):
-        if canary is not None and canary != stable and canary == current:
-            canary = None  # the canary that just failed is already recorded
-        if canary is not None and canary != stable and not has_failed(b.history, canary):
-            b.record(
-                canary,
-                "Aborted",
-                "the spec went back to the stable revision",
-                event_type="Warning",
-                result="aborted",
-            )
-        return b.finish(
-            _at_rest(md, b, current, stable, stable_spec, previous, prev_expires, counts, cmd, measure), mode
-        )
-
-    # -- a canary of the current revision
-    return b.finish(
-        _canary(md, b, current, stable, stable_spec, canary, previous, prev_expires, counts, cmd, measure),
-        mode,
-    )
+    ctx = Rollout.observe(md, current, live_specs, counts, now, measure)
+    return ctx.finish(STATES[state_of(ctx)](ctx))
 
 
-def _rest(
-    md: ModelDeployment,
-    stable: str,
-    stable_spec: ModelDeploymentSpec,
-    counts: Mapping[str, RevisionCounts],
-    command_seen: bool,
-) -> Decision:
-    n = md.spec.replicas
-    ready = counts.get(stable, RevisionCounts()).in_traffic
+def _deployed(ctx: Rollout) -> Decision:
+    """The first revision, or the stable revision is gone: straight to 100 %, nothing to bake."""
+    gone = ctx.md.status.stable_revision
+    current, n = ctx.current, ctx.replicas
+    if gone is None:
+        ctx.record(current, "Deployed", "first revision: straight to 100%")
+    else:
+        ctx.record(current, "Deployed", f"stable revision {gone} is gone", outcome="Promoted")
+    ready = ctx.in_traffic(current)
     return Decision(
-        targets=[Target(stable, stable_spec, n, "stable", n)],
-        stable=stable,
+        targets=[Target(current, ctx.spec, n, "stable", n)],
+        stable=current,
         progressing_reason=None if ready >= n else "ScalingUp",
-        progressing_message=f"revision {stable}: {ready}/{n} pods ready",
-        command_seen=command_seen,
+        progressing_message=f"revision {current}: {ready}/{n} pods ready",
+        command_seen=ctx.command is not None,
     )
 
 
-def _failed_targets(
-    md: ModelDeployment, b: _Builder, live_specs_rev: Mapping[str, ModelDeploymentSpec | None], skip: set[str]
-) -> list[Target]:
-    """Failed revisions kept out of traffic for ``abortScaleDownDelay`` (for debugging)."""
-    delay = _seconds(md.spec.rollout.abort_scale_down_delay)
-    if delay.total_seconds() <= 0:
-        return []
-    out = []
-    for rev, rs in live_specs_rev.items():
-        if rev in skip or rs is None:
-            continue
-        h = latest_entry(b.history, rev)
-        if h is None or h.outcome not in FAILED_OUTCOMES:
-            continue
-        until = h.time + delay
-        if b.now < until:
-            out.append(Target(rev, rs, md.spec.replicas, "old", 0))
-            b.at(until)
-    return out
+# -- stable: at rest, baking, failing back
 
 
-def _bake(md: ModelDeployment, b: _Builder, stable: str) -> datetime | None:
-    """End of the bake time of ``stable`` (None when it is not baking)."""
-    h = latest_entry(b.history, stable)
-    if h is None or h.outcome != "Promoted" or h.reason.startswith("first") or "is gone" in h.reason:
+def _stable(ctx: Rollout) -> Decision:
+    """At rest on the stable revision; during ``bakeTime`` after a promotion, baking it; failing back
+    from it to the warm previous revision (bake failure or ``kubectl modeldeploy rollback``)."""
+    _abort_canary(ctx)
+    analysis = ctx.md.status.analysis
+    failback = _rollback_command(ctx)
+    if failback is None:
+        analysis, failback = _baking(ctx, analysis)
+    if failback is not None:
+        return _failed_back(ctx, analysis, failback)
+    return _at_rest(ctx, analysis)
+
+
+def _rollback_command(ctx: Rollout) -> FailBack | None:
+    """``kubectl modeldeploy rollback``, when issued against the stable revision; without a warm previous
+    revision it is refused with a warning."""
+    cmd = ctx.command
+    if cmd is None or cmd.action != "rollback":
         return None
-    end = h.time + _seconds(md.spec.rollout.bake_time)
-    return end if b.now < end else None
-
-
-def _due(md: ModelDeployment, started: datetime | None, analysis: AnalysisStatus | None) -> datetime | None:
-    """When the next window is due: one interval after the step started and after the last judgement."""
-    if started is None:
+    if ctx.previous is None:
+        ctx.events.append(Event("Warning", "RollbackImpossible", "no warm previous revision to roll back to"))
         return None
-    last = analysis.last_run if analysis and analysis.last_run else None
-    base = max(started, last) if last else started
-    return base + _seconds(md.spec.rollout.interval)
+    if cmd.revision not in (None, ctx.stable):
+        return None
+    return FailBack("manual rollback (kubectl modeldeploy rollback)")
 
 
-def _at_rest(
-    md: ModelDeployment,
-    b: _Builder,
-    current: str,
-    stable: str,
-    stable_spec: ModelDeploymentSpec,
-    previous: str | None,
-    prev_expires: datetime | None,
-    counts: Mapping[str, RevisionCounts],
-    cmd: Command | None,
-    measure: Measure | None,
-) -> Decision:
-    n = md.spec.replicas
-    ro = md.spec.rollout
-    st = md.status
-    now = b.now
-    analysis = st.analysis
-    live = b.live
-    prev_spec = live.get(previous) if previous else None
-    if previous is not None and prev_spec is None:
-        previous, prev_expires = None, None
+def _abort_canary(ctx: Rollout) -> None:
+    """The spec went back to the stable revision mid-canary: the canary is aborted."""
+    canary = ctx.md.status.canary_revision
+    if canary is None or canary in (ctx.stable, ctx.current) or has_failed(ctx.history, canary):
+        return  # no canary, or it has just failed (already recorded)
+    ctx.record(canary, "Aborted", "the spec went back to the stable revision")
 
-    failback: tuple[str, Measurement | None, str] | None = None
-    if (
-        cmd is not None
-        and cmd.action == "rollback"
-        and previous is not None
-        and cmd.revision in (None, stable)
-    ):
-        failback = ("manual rollback (kubectl modeldeploy rollback)", None, "manual")
-    elif cmd is not None and cmd.action == "rollback" and previous is None:
-        b.events.append(Event("Warning", "RollbackImpossible", "no warm previous revision to roll back to"))
 
-    bake_end = _bake(md, b, stable) if previous is not None else None
-    if failback is None and bake_end is not None:
-        started = latest_entry(b.history, stable)
-        due = _due(md, started.time if started else None, analysis)
-        if due is not None and now >= due and measure is not None:
-            req = AnalysisRequest(md.namespace, md.name, stable, None, ro.interval, "bake")
-            out = advance(ro.analysis, analysis, measure(req), now)
-            analysis = out.state
-            _analysis_event(b, out, stable, "bake")
-            if out.action == "fail":
-                failback = (f"failed during bakeTime: {out.reason}", out.failing, "auto")
-            else:
-                b.at(_due(md, started.time if started else None, analysis))
-        else:
-            b.at(due)
-        if failback is None:
-            b.at(bake_end)
+def _baking(ctx: Rollout, analysis: AnalysisStatus | None) -> tuple[AnalysisStatus | None, FailBack | None]:
+    """During ``bakeTime`` after a promotion (with a warm previous to fail back to), the canary's analysis
+    goes on on the new stable revision."""
+    if ctx.previous is None:
+        return analysis, None
+    stable = ctx.stable
+    promoted = latest_entry(ctx.history, stable)
+    if promoted is None or promoted.kind != "Promoted":
+        return analysis, None
+    end = promoted.time + _seconds(ctx.rollout.bake_time)
+    if ctx.now >= end:
+        return analysis, None
+    due = _due(ctx.rollout, promoted.time, analysis)
+    if ctx.now >= due and ctx.measure is not None:
+        out = ctx.judge(stable, None, analysis, "bake", "bake")
+        analysis = out.state
+        if out.action == "fail":
+            return analysis, FailBack(f"failed during bakeTime: {out.reason}", out.failing)
+        ctx.at(_due(ctx.rollout, promoted.time, analysis))
+    else:
+        ctx.at(due)
+    ctx.at(end)
+    return analysis, None
 
-    if failback is not None and previous is not None and prev_spec is not None:
-        reason, measurement, _ = failback
-        b.record(stable, "FailedBack", f"{reason}; back to {previous}", measurement, "Warning", "failed_back")
-        targets = [Target(previous, prev_spec, n, "stable", n)]
-        targets += _failed_targets(md, b, {**live, stable: stable_spec}, {previous})
-        ready = counts.get(previous, RevisionCounts()).in_traffic
-        message = f"revision {stable} failed back to {previous}: {reason}"
-        return Decision(
-            targets=targets,
-            stable=previous,
-            analysis=analysis,
-            progressing_reason="ScalingUp" if ready < n else None,
-            progressing_message=f"revision {previous}: {ready}/{n} pods ready",
-            degraded_reason="FailedBack",
-            degraded_message=message,
-            command_seen=cmd is not None,
-        )
 
-    targets = [Target(stable, stable_spec, n, "stable", n)]
-    if previous is not None and prev_spec is not None:
-        keep = ro.keep_previous.replicas
-        targets.append(Target(previous, prev_spec, keep, "previous", 0))
-        b.at(prev_expires)
-    targets += _failed_targets(md, b, live, {stable, previous or ""})
-    ready = counts.get(stable, RevisionCounts()).in_traffic
+def _failed_back(ctx: Rollout, analysis: AnalysisStatus | None, fb: FailBack) -> Decision:
+    """The warm previous revision's pods go into traffic at once (no restart), it is scaled back up; the
+    failed stable leaves traffic and is scaled down."""
+    stable, previous, n = ctx.stable, ctx.previous, ctx.replicas
+    assert previous is not None
+    ctx.record(stable, "FailedBack", f"{fb.reason}; back to {previous}", fb.measurement)
+    targets = [Target(previous, ctx.spec_of(previous), n, "stable", n), *ctx.failed(previous)]
+    ready = ctx.in_traffic(previous)
+    return Decision(
+        targets=targets,
+        stable=previous,
+        analysis=analysis,
+        progressing_reason="ScalingUp" if ready < n else None,
+        progressing_message=f"revision {previous}: {ready}/{n} pods ready",
+        degraded_reason="FailedBack",
+        degraded_message=f"revision {stable} failed back to {previous}: {fb.reason}",
+        command_seen=ctx.command is not None,
+    )
+
+
+def _at_rest(ctx: Rollout, analysis: AnalysisStatus | None) -> Decision:
+    stable, current, n = ctx.stable, ctx.current, ctx.replicas
+    targets = [
+        Target(stable, ctx.spec_of(stable), n, "stable", n),
+        *ctx.warm_previous(),
+        *ctx.failed(stable, ctx.previous or ""),
+    ]
+    ready = ctx.in_traffic(stable)
     d = Decision(
         targets=targets,
         stable=stable,
-        previous=previous,
-        previous_expires_at=prev_expires if previous else None,
+        previous=ctx.previous,
+        previous_expires_at=ctx.previous_expires_at if ctx.previous else None,
         analysis=analysis,
         progressing_reason=None if ready >= n else "ScalingUp",
         progressing_message=f"revision {stable}: {ready}/{n} pods ready",
-        command_seen=cmd is not None,
+        command_seen=ctx.command is not None,
     )
-    if current != stable and has_failed(b.history, current):
-        h = latest_entry(b.history, current)
-        assert h is not None
-        d.degraded_reason = h.outcome
-        d.degraded_message = f"revision {current} {h.outcome}: {h.reason}"
+    failed = latest_entry(ctx.history, current) if current != stable else None
+    if failed is not None and failed.kind in FAILED_KINDS:
+        d.degraded_reason = failed.outcome
+        d.degraded_message = f"revision {current} {failed.outcome}: {failed.reason}"
     return d
 
 
-def _analysis_event(b: _Builder, out: Outcome, revision: str, phase: str) -> None:
-    # a failed window is AnalysisFailed even below failureLimit; a held window (no data) AnalysisHold
-    verdict = {"Pass": "AnalysisPassed", "Fail": "AnalysisFailed", "NoData": "AnalysisHold"}[out.verdict]
-    b.events.append(
-        Event(
-            "Normal" if out.verdict == "Pass" else "Warning",
-            verdict,
-            f"revision {revision} ({phase}): {out.reason}"
-            + "".join(
-                f"; {m.metric}={m.value} (threshold {m.threshold}, {m.verdict}) query: {m.query}"
-                for m in out.state.measurements
-                if m.time == b.now and m.revision == revision
-            ),
+# -- canary: deploying, (shadow), step, judging; then promoted, rolled back, or still progressing
+
+
+def _canary(ctx: Rollout) -> Decision:
+    """A canary of the current revision: each state function in turn, until one decides."""
+    cs = _deploying(ctx)
+    # A shadow stage (mirrored traffic before the first step) will plug in here, as one more function
+    # ``(ctx, cs) -> (cs, CanaryDecision | None)`` in this list.
+    decision: CanaryDecision | None = None
+    for state in (_command, _step, _judging):
+        cs, decision = state(ctx, cs)
+        if decision is not None:
+            break
+    if isinstance(decision, NextStep):
+        cs = _next_step(ctx, cs)
+    elif isinstance(decision, Promote):
+        return _promoted(ctx, cs, decision)
+    elif isinstance(decision, RollBack):
+        return _rolled_back(ctx, cs, decision)
+    return _progressing(ctx, cs)
+
+
+def _deploying(ctx: Rollout) -> CanaryStep:
+    """Resume the canary of the current revision, or start it (superseding an older canary)."""
+    st, current, steps = ctx.md.status, ctx.current, ctx.rollout.steps
+    canary = st.canary_revision
+    if canary == current:
+        return CanaryStep(
+            min(st.step or 0, len(steps) - 1), st.step_started_at, st.step_waiting_since, st.analysis
         )
+    if canary is not None and canary != ctx.stable and not has_failed(ctx.history, canary):
+        ctx.record(canary, "Superseded", f"superseded by revision {current}")
+    ctx.events.append(Event("Normal", "CanaryStarted", f"revision {current}: canary started, steps {steps}"))
+    return CanaryStep(0, None, None, AnalysisStatus())
+
+
+def _command(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
+    """``kubectl modeldeploy abort|rollback|promote``, when issued against this canary and step."""
+    cmd = ctx.command_for(None, ctx.current)
+    if cmd is None:
+        return cs, None
+    if cmd.action in ("abort", "rollback"):
+        return cs, RollBack("Aborted", "aborted (kubectl modeldeploy abort)")
+    if cmd.action == "promote" and cmd.full:
+        return cs, Promote("promoted by hand (kubectl modeldeploy promote --full)")
+    if cmd.action == "promote" and cmd.step == cs.step:
+        if cs.step + 1 >= len(ctx.rollout.steps):
+            return cs, Promote("promoted by hand at the last step (kubectl modeldeploy promote)")
+        ctx.events.append(
+            Event(
+                "Normal", "StepPromoted", f"revision {ctx.current}: step {cs.step} -> {cs.step + 1} by hand"
+            )
+        )
+        return replace(cs, step=cs.step + 1, started=None, waiting=None), None
+    return cs, None
+
+
+def _split(ctx: Rollout, step: int) -> tuple[int, int]:
+    """(canary pods, stable pods in traffic) at ``step``."""
+    n, weight = ctx.replicas, ctx.rollout.steps[step]
+    if ctx.rollout.traffic_routing.mode == "replicas":
+        return replica_split(n, weight)
+    return gateway_canary_pods(n, weight), n
+
+
+def _step(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
+    """The step's pods: its clock starts once they are in traffic; waiting for them never lasts past
+    ``progressDeadline`` (never silently forever), except while paused."""
+    if cs.started is not None:
+        return replace(cs, waiting=None), None
+    ro, now = ctx.rollout, ctx.now
+    c_pods, _ = _split(ctx, cs.step)
+    have = ctx.counts.get(ctx.current, RevisionCounts())
+    if have.in_traffic >= c_pods:
+        return replace(cs, started=now, waiting=None), None
+    cs = replace(cs, waiting=cs.waiting or now)
+    assert cs.waiting is not None
+    if ro.paused:
+        return cs, None
+    deadline = cs.waiting + _seconds(ro.progress_deadline)
+    if now >= deadline:
+        why = f"{have.in_traffic}/{c_pods} canary pods in traffic"
+        if have.unschedulable:
+            why += f"; {have.unschedulable} unschedulable: {have.scheduling_message}"
+        weight = ro.steps[cs.step]
+        reason = f"progressDeadline {ro.progress_deadline} exceeded at step {cs.step} ({weight}%): {why}"
+        return cs, RollBack("Aborted", reason)
+    ctx.at(deadline)
+    return cs, None
+
+
+def _judging(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
+    """A step whose interval is over is judged: pass -> next step (or promotion after the last),
+    fail -> rollback, hold -> judged again one interval later. Not while paused."""
+    ro, started = ctx.rollout, cs.started
+    if started is None or ro.paused:
+        return cs, None
+    due = _due(ro, started, cs.analysis)
+    if ctx.now < due or ctx.measure is None:
+        ctx.at(due)
+        return cs, None
+    step, weight = cs.step, ro.steps[cs.step]
+    stable = ctx.stable if weight < 100 else None
+    out = ctx.judge(ctx.current, stable, cs.analysis, "canary", f"step {step}, {weight}%")
+    cs = replace(cs, analysis=out.state)
+    if out.action == "fail":
+        reason = f"analysis failed at step {step} ({weight}%): {out.reason}"
+        return cs, RollBack("RolledBack", reason, out.failing)
+    if out.action == "pass":
+        if step + 1 >= len(ro.steps):
+            return cs, Promote(f"all {len(ro.steps)} steps passed")
+        return cs, NextStep()
+    ctx.at(_due(ro, started, cs.analysis))
+    return cs, None
+
+
+def _next_step(ctx: Rollout, cs: CanaryStep) -> CanaryStep:
+    """On to the next step; it starts at once when enough canary pods are already in traffic."""
+    step = cs.step + 1
+    ctx.events.append(
+        Event("Normal", "StepAdvanced", f"revision {ctx.current}: step {step} ({ctx.rollout.steps[step]}%)")
     )
+    c_pods, _ = _split(ctx, step)
+    if ctx.in_traffic(ctx.current) >= c_pods:
+        cs = replace(cs, step=step, started=ctx.now)
+        ctx.at(_due(ctx.rollout, ctx.now, cs.analysis))
+        return cs
+    return replace(cs, step=step, started=None, waiting=ctx.now)
 
 
-def _canary(
-    md: ModelDeployment,
-    b: _Builder,
-    current: str,
-    stable: str,
-    stable_spec: ModelDeploymentSpec,
-    canary: str | None,
-    previous: str | None,
-    prev_expires: datetime | None,
-    counts: Mapping[str, RevisionCounts],
-    cmd: Command | None,
-    measure: Measure | None,
-) -> Decision:
-    spec, st, ro = md.spec, md.status, md.spec.rollout
-    n = spec.replicas
-    now = b.now
-    steps = ro.steps
-    mode = ro.traffic_routing.mode
-    step, started, analysis = st.step, st.step_started_at, st.analysis
-    waiting = st.step_waiting_since
-
-    if canary != current:
-        if canary is not None and canary != stable and not has_failed(b.history, canary):
-            b.record(
-                canary,
-                "Superseded",
-                f"superseded by revision {current}",
-                event_type="Warning",
-                result="superseded",
-            )
-        b.events.append(
-            Event("Normal", "CanaryStarted", f"revision {current}: canary started, steps {steps}")
-        )
-        step, started, analysis, waiting = 0, None, AnalysisStatus(), None
-    step = min(step or 0, len(steps) - 1)
-
-    def rollback(outcome: str, reason: str, m: Measurement | None, result: RolloutResult) -> Decision:
-        b.record(current, outcome, reason, m, "Warning", result)
-        live = b.live
-        targets = [Target(stable, stable_spec, n, "stable", n)]
-        prev_spec = live.get(previous) if previous else None
-        if previous is not None and prev_spec is not None:
-            targets.append(Target(previous, prev_spec, ro.keep_previous.replicas, "previous", 0))
-            b.at(prev_expires)
-        targets += _failed_targets(md, b, {**live, current: spec}, {stable, previous or ""})
-        return Decision(
-            targets=targets,
-            stable=stable,
-            previous=previous if prev_spec is not None else None,
-            previous_expires_at=prev_expires if prev_spec is not None else None,
-            analysis=analysis,
-            degraded_reason=outcome,
-            degraded_message=f"revision {current} {outcome}: {reason}",
-            command_seen=cmd is not None,
-        )
-
-    def promote(reason: str) -> Decision:
-        b.record(current, "Promoted", reason, result="promoted")
-        keep = ro.keep_previous.replicas
-        targets = [Target(current, spec, n, "stable", n)]
-        new_prev: str | None = None
-        expires: datetime | None = None
-        if keep > 0:
-            new_prev, expires = stable, now + _seconds(ro.keep_previous.ttl)
-            targets.append(Target(stable, stable_spec, keep, "previous", 0))
-            b.at(expires)
-        if previous is not None and previous != stable:
-            b.events.append(Event("Normal", "PreviousReplaced", f"revision {previous}: no longer kept warm"))
-        bake = _seconds(ro.bake_time)
-        if bake.total_seconds() > 0 and new_prev is not None:
-            b.at(now + _seconds(ro.interval))
-        ready = counts.get(current, RevisionCounts()).in_traffic
-        return Decision(
-            targets=targets,
-            stable=current,
-            previous=new_prev,
-            previous_expires_at=expires,
-            analysis=AnalysisStatus(measurements=analysis.measurements if analysis else []),
-            progressing_reason=None if ready >= n else "ScalingUp",
-            progressing_message=f"revision {current} promoted; replaced {stable}",
-            command_seen=cmd is not None,
-        )
-
-    # -- commands, conditional on the state they were issued against
-    if cmd is not None and cmd.revision in (None, current):
-        if cmd.action in ("abort", "rollback"):
-            return rollback("Aborted", "aborted (kubectl modeldeploy abort)", None, "aborted")
-        if cmd.action == "promote" and cmd.full:
-            return promote("promoted by hand (kubectl modeldeploy promote --full)")
-        if cmd.action == "promote" and cmd.step == step:
-            if step + 1 >= len(steps):
-                return promote("promoted by hand at the last step (kubectl modeldeploy promote)")
-            b.events.append(
-                Event("Normal", "StepPromoted", f"revision {current}: step {step} -> {step + 1} by hand")
-            )
-            step, started = step + 1, None
-            waiting = None
-
-    # -- the step's pods: the clock starts once they are in traffic
-    weight = steps[step]
-    c_pods, s_in = replica_split(n, weight) if mode == "replicas" else (gateway_canary_pods(n, weight), n)
-    c_counts = counts.get(current, RevisionCounts())
-    if started is None and c_counts.in_traffic >= c_pods:
-        started = now
-    if started is None:
-        # waiting for the step's pods: never silently forever (progressDeadline)
-        waiting = waiting or now
-        deadline = waiting + _seconds(ro.progress_deadline)
-        if now >= deadline and not ro.paused:
-            why = f"{c_counts.in_traffic}/{c_pods} canary pods in traffic"
-            if c_counts.unschedulable:
-                why += f"; {c_counts.unschedulable} unschedulable: {c_counts.scheduling_message}"
-            return rollback(
-                "Aborted",
-                f"progressDeadline {ro.progress_deadline} exceeded at step {step} ({weight}%): {why}",
-                None,
-                "aborted",
-            )
-        if not ro.paused:
-            b.at(deadline)
-    else:
-        waiting = None
-
-    if started is not None and not ro.paused:
-        due = _due(md, started, analysis if st.canary_revision == current else None)
-        assert due is not None
-        if now >= due and measure is not None:
-            req = AnalysisRequest(
-                md.namespace, md.name, current, stable if weight < 100 else None, ro.interval, "canary"
-            )
-            out = advance(ro.analysis, analysis, measure(req), now)
-            analysis = out.state
-            _analysis_event(b, out, current, f"step {step}, {weight}%")
-            if out.action == "fail":
-                return rollback(
-                    "RolledBack",
-                    f"analysis failed at step {step} ({weight}%): {out.reason}",
-                    out.failing,
-                    "rolled_back",
-                )
-            if out.action == "pass":
-                if step + 1 >= len(steps):
-                    return promote(f"all {len(steps)} steps passed")
-                step, started = step + 1, None
-                b.events.append(
-                    Event("Normal", "StepAdvanced", f"revision {current}: step {step} ({steps[step]}%)")
-                )
-                weight = steps[step]
-                c_pods, s_in = (
-                    replica_split(n, weight) if mode == "replicas" else (gateway_canary_pods(n, weight), n)
-                )
-                if c_counts.in_traffic >= c_pods:
-                    started = now  # enough canary pods already: the next step starts at once
-                else:
-                    waiting = now
-    if started is not None and not ro.paused:
-        b.at(_due(md, started, analysis))
-
-    live = b.live
+def _progressing(ctx: Rollout, cs: CanaryStep) -> Decision:
+    """Mid-canary: the stable keeps all its pods, ``s`` of them in traffic next to the step's canary pods."""
+    stable, current, ro = ctx.stable, ctx.current, ctx.rollout
+    steps, weight = ro.steps, ro.steps[cs.step]
+    c_pods, s_in = _split(ctx, cs.step)
+    warm = ctx.warm_previous(stable, current)
+    previous = ctx.previous if warm else None
     targets = [
-        Target(stable, stable_spec, n, "stable", s_in),
-        Target(current, spec, c_pods, "canary", c_pods),
+        Target(stable, ctx.spec_of(stable), ctx.replicas, "stable", s_in),
+        Target(current, ctx.spec, c_pods, "canary", c_pods),
+        *warm,
+        *ctx.failed(stable, current, previous or ""),
     ]
-    prev_spec = live.get(previous) if previous else None
-    if previous is not None and prev_spec is not None and previous not in (stable, current):
-        targets.append(Target(previous, prev_spec, ro.keep_previous.replicas, "previous", 0))
-        b.at(prev_expires)
-    else:
-        previous, prev_expires = None, None
-    targets += _failed_targets(md, b, live, {stable, current, previous or ""})
-    pending = "" if started is not None else " (waiting for its pods)"
+    pending = "" if cs.started is not None else " (waiting for its pods)"
     paused = " (paused)" if ro.paused else ""
-    result = Decision(
+    message = f"revision {current}: step {cs.step + 1}/{len(steps)} at {weight}%{pending}{paused}"
+    return Decision(
         targets=targets,
         stable=stable,
         canary=current,
         previous=previous,
-        previous_expires_at=prev_expires,
+        previous_expires_at=ctx.previous_expires_at if warm else None,
         weight=weight,
-        step=step,
-        step_started_at=started,
-        step_waiting_since=waiting,
-        analysis=analysis,
+        step=cs.step,
+        step_started_at=cs.started,
+        step_waiting_since=cs.waiting,
+        analysis=cs.analysis,
         progressing_reason="CanaryPaused" if ro.paused else "CanaryProgressing",
-        progressing_message=f"revision {current}: step {step + 1}/{len(steps)} at {weight}%{pending}{paused}",
-        command_seen=cmd is not None,
+        progressing_message=message,
+        command_seen=ctx.command is not None,
     )
-    return result
+
+
+def _promoted(ctx: Rollout, cs: CanaryStep, p: Promote) -> Decision:
+    """The canary becomes stable; the old stable keeps ``keepPrevious.replicas`` pods warm, out of
+    traffic, for ``keepPrevious.ttl``; the bake analysis starts one interval later."""
+    stable, current, ro, now, n = ctx.stable, ctx.current, ctx.rollout, ctx.now, ctx.replicas
+    ctx.record(current, "Promoted", p.reason)
+    keep = ro.keep_previous.replicas
+    targets = [Target(current, ctx.spec, n, "stable", n)]
+    new_prev: str | None = None
+    expires: datetime | None = None
+    if keep > 0:
+        new_prev, expires = stable, now + _seconds(ro.keep_previous.ttl)
+        targets.append(Target(stable, ctx.spec_of(stable), keep, "previous", 0))
+        ctx.at(expires)
+    if ctx.previous is not None and ctx.previous != stable:
+        ctx.events.append(
+            Event("Normal", "PreviousReplaced", f"revision {ctx.previous}: no longer kept warm")
+        )
+    if _seconds(ro.bake_time).total_seconds() > 0 and new_prev is not None:
+        ctx.at(now + _seconds(ro.interval))
+    ready = ctx.in_traffic(current)
+    return Decision(
+        targets=targets,
+        stable=current,
+        previous=new_prev,
+        previous_expires_at=expires,
+        analysis=AnalysisStatus(measurements=cs.analysis.measurements if cs.analysis else []),
+        progressing_reason=None if ready >= n else "ScalingUp",
+        progressing_message=f"revision {current} promoted; replaced {stable}",
+        command_seen=ctx.command is not None,
+    )
+
+
+def _rolled_back(ctx: Rollout, cs: CanaryStep, rb: RollBack) -> Decision:
+    """The canary's pods leave traffic at once, the stable takes 100 %; the failed revision is scaled down
+    (kept out of traffic for ``abortScaleDownDelay`` first); Degraded until the spec changes."""
+    stable, current, n = ctx.stable, ctx.current, ctx.replicas
+    ctx.record(current, rb.kind, rb.reason, rb.measurement)
+    warm = ctx.warm_previous()
+    targets = [
+        Target(stable, ctx.spec_of(stable), n, "stable", n),
+        *warm,
+        *ctx.failed(stable, ctx.previous or ""),
+    ]
+    return Decision(
+        targets=targets,
+        stable=stable,
+        previous=ctx.previous if warm else None,
+        previous_expires_at=ctx.previous_expires_at if warm else None,
+        analysis=cs.analysis,
+        degraded_reason=rb.kind,
+        degraded_message=f"revision {current} {rb.kind}: {rb.reason}",
+        command_seen=ctx.command is not None,
+    )
+
+
+STATES: dict[State, Callable[[Rollout], Decision]] = {
+    "deployed": _deployed,
+    "stable": _stable,
+    "canary": _canary,
+}
 
 
 # ---------------------------------------------------------------------------------------------- gates

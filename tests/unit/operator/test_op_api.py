@@ -6,7 +6,7 @@ import copy
 
 import pytest
 from md_cases import invalid_manifests
-from modeldeploy.api import ModelDeployment, ModelDeploymentSpec, parse_duration
+from modeldeploy.api import HistoryEntry, ModelDeployment, ModelDeploymentSpec, parse_duration
 from pydantic import ValidationError
 
 
@@ -131,3 +131,24 @@ def test_an_unset_image_is_the_operators_default_and_part_of_the_revision(monkey
     assert builders.revision_spec(other.spec) != builders.revision_spec(plain.spec)
     pinned = ModelDeployment.from_api(_live({**body, "image": "mine:1"}))
     assert pinned.spec.image == "mine:1"  # an explicit image always wins
+
+
+@pytest.mark.parametrize(
+    "outcome", ["Deployed", "Promoted", "RolledBack", "Aborted", "Superseded", "FailedBack"]
+)
+def test_a_history_entry_without_kind_is_read_as_its_outcome(outcome):
+    # written by an operator that predates HistoryEntry.kind
+    h = HistoryEntry.model_validate({"revision": "abc", "outcome": outcome, "time": "2026-01-01T00:00:00Z"})
+    assert h.kind == outcome
+    assert h.to_api()["kind"] == outcome
+
+
+def test_a_history_entry_keeps_its_kind_and_an_expired_one_has_none():
+    wire = {"revision": "abc", "outcome": "Promoted", "kind": "Deployed", "time": "2026-01-01T00:00:00Z"}
+    assert HistoryEntry.model_validate(wire).kind == "Deployed"
+    expired = HistoryEntry.model_validate(
+        {"revision": "abc", "outcome": "Expired", "time": "2026-01-01T00:00:00Z"}
+    )
+    assert expired.kind is None and "kind" not in expired.to_api()
+    with pytest.raises(ValidationError):
+        HistoryEntry.model_validate({**wire, "kind": "Expired"})

@@ -596,3 +596,90 @@ def test_operator_metrics_follow_the_rollout():
     w.run_for(25)
     assert w.status["stableRevision"] == new
     assert rollout_metric("promoted") == before + 1 and weight._value.get() == 0
+
+
+# ---------------------------------------------------------------------------------------------- history
+
+
+def strip_kinds(w: World) -> None:
+    """The status as an older operator wrote it: history entries without ``kind``."""
+    for h in w.status["history"]:
+        h.pop("kind")
+
+
+def test_every_history_entry_says_what_it_means_in_a_typed_kind():
+    w = World()
+    w.deploy_first()
+    v2 = w.new_version("2")
+    w.reconcile()
+    w.run_for(35)  # promoted
+    v3 = w.new_version("3")
+    w.reconcile()
+    w.new_version("4")  # supersedes v3
+    w.reconcile()
+    command(w, action="abort")
+    w.reconcile()
+    hist = w.status["history"]
+    assert [(h["outcome"], h["kind"]) for h in hist] == [
+        ("Deployed", "Deployed"),
+        ("Promoted", "Promoted"),
+        ("Superseded", "Superseded"),
+        ("Aborted", "Aborted"),
+    ]
+    assert hist[1]["revision"] == v2 and hist[2]["revision"] == v3
+
+
+def test_a_revision_that_replaces_a_vanished_stable_is_deployed_and_never_baked():
+    w = World()
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.fake.objects.pop(("Deployment", "default", f"minilm-{old}"))  # the stable revision is gone
+    w.reconcile()
+    st = w.status
+    assert st["stableRevision"] == new and "canaryRevision" not in st and "previousRevision" not in st
+    h = st["history"][-1]
+    # what it says is unchanged (Promoted); what it means is a deployment straight to 100 %
+    assert (h["revision"], h["outcome"], h["kind"]) == (new, "Promoted", "Deployed")
+    assert "is gone" in h["reason"]
+    w.prom.values[new] = {ERROR_RATE: 0.5}
+    w.run_for(60)
+    assert w.prom.windows(new) == 0 and w.status["stableRevision"] == new
+
+
+def test_a_status_written_before_history_kinds_bakes_and_fails_back_the_same():
+    w = World()
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    w.run_for(35)
+    assert w.status["stableRevision"] == new and w.status["previousRevision"] == old
+    strip_kinds(w)
+    w.rec = w.new_operator()  # the new operator reads what the old one wrote
+    w.prom.values[new] = {ERROR_RATE: 0.3}
+    w.run_for(10)
+    st = w.status
+    assert st["stableRevision"] == old
+    assert [(h["outcome"], h["kind"]) for h in st["history"]] == [
+        ("Deployed", "Deployed"),
+        ("Promoted", "Promoted"),
+        ("FailedBack", "FailedBack"),
+    ]
+
+
+def test_a_status_written_before_history_kinds_keeps_a_failed_revision_out():
+    w = World()
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {ERROR_RATE: 0.2}
+    w.reconcile()
+    w.run_for(10)
+    assert w.status["history"][-1]["outcome"] == "RolledBack"
+    strip_kinds(w)
+    w.rec = w.new_operator()
+    w.fake.writes.clear()
+    w.run_for(30)
+    st = w.status
+    assert st["stableRevision"] == old and "canaryRevision" not in st
+    assert w.cond("Degraded")["reason"] == "RolledBack" and w.pods(new) == []
+    # the legacy history reads as the new one: nothing to rewrite
+    assert not [wr for wr in w.fake.writes if wr[1] == "ModelDeployment/status"]

@@ -201,3 +201,10 @@ def test_status_patch_holds_only_what_changed():
 def test_status_patch_from_empty():
     patch = status_patch(None, ModelDeploymentStatus(phase="Pending"))
     assert patch == {"phase": "Pending"}
+
+
+def test_a_legacy_history_without_kinds_is_no_status_change():
+    entry = {"revision": "abc", "outcome": "RolledBack", "time": "2026-01-01T00:00:00Z", "reason": "x"}
+    new = ModelDeploymentStatus.model_validate({"history": [entry]})
+    assert new.to_api()["history"][0]["kind"] == "RolledBack"
+    assert status_patch({"history": [entry]}, new) is None
