@@ -280,10 +280,6 @@ def _describe(m: Measurement) -> str:
     return f"{m.metric}: {m.value:g} {op} {m.threshold:g}"
 
 
-def describe(m: Measurement | None) -> str:
-    return _describe(m) if m is not None else ""
-
-
 # ---------------------------------------------------------------------------------------------- I/O
 
 

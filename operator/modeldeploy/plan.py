@@ -3,7 +3,7 @@
 A pure function of its inputs (:func:`plan`). The reconciler only executes the result:
 
 1. ``revisions``: which revisions exist, with how many pods, in which role, in traffic or not
-   (:func:`plan_revisions`; the progressive-delivery logic plugs in here);
+   (:func:`modeldeploy.canary.decide`, progressive delivery);
 2. ``apply``: the desired children (Deployments, Services, PDB), applied only where they differ;
 3. ``delete``: owned children that no longer belong;
 4. ``pod_gates``: pods whose ``modeldeploy.io/in-traffic`` condition must be set;
@@ -25,11 +25,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import builders as b
-from . import canary as c
-from . import routing
+from . import builders, canary, routing
 from .api import ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, RevisionStatus
-from .canary import achieved_weight as c_achieved_weight
 from .status import (
     DEGRADED,
     PROGRESSING,
@@ -43,8 +40,6 @@ from .status import (
     pod_facts,
 )
 
-HISTORY_LIMIT = 20
-
 
 @dataclass
 class Observed:
@@ -57,8 +52,8 @@ class Observed:
     routes: list[dict[str, Any]] = field(default_factory=list)
 
 
-RevisionTarget = c.Target
-EventSpec = c.Event
+RevisionTarget = canary.Target
+EventSpec = canary.Event
 
 
 @dataclass(frozen=True)
@@ -97,35 +92,25 @@ def _live_revision_specs(md: ModelDeployment, deployments: Sequence[Mapping[str,
     out: dict[str, ModelDeploymentSpec | None] = {}
     for d in deployments:
         meta = d.get("metadata", {})
-        rev = (meta.get("labels") or {}).get(b.LABEL_REVISION)
+        rev = (meta.get("labels") or {}).get(builders.LABEL_REVISION)
         if not rev:
             continue
-        raw = (meta.get("annotations") or {}).get(b.ANNOTATION_REVISION_SPEC)
+        raw = (meta.get("annotations") or {}).get(builders.ANNOTATION_REVISION_SPEC)
         try:
-            out[rev] = b.revision_spec_from_annotation(raw) if raw else None
+            out[rev] = builders.revision_spec_from_annotation(raw) if raw else None
         except (ValueError, ValidationError, json.JSONDecodeError):
             out[rev] = None
     return out
 
 
-def plan_revisions(
-    md: ModelDeployment,
-    current: str,
-    live_specs: Mapping[str, ModelDeploymentSpec | None],
-    counts: Mapping[str, RevisionCounts],
-    now: datetime,
-    measure: c.Measure | None = None,
-) -> c.Decision:
-    """Which revisions run, how many pods each, how many in traffic (progressive delivery)."""
-    return c.decide(md, current, live_specs, counts, now, measure)
-
-
 # ---------------------------------------------------------------------------------------------- plan
 
 
-def plan(md: ModelDeployment, observed: Observed, now: datetime, measure: c.Measure | None = None) -> Plan:
+def plan(
+    md: ModelDeployment, observed: Observed, now: datetime, measure: canary.Measure | None = None
+) -> Plan:
     """Everything to do for one ModelDeployment (pure, given a pure ``measure``)."""
-    current = b.spec_revision(md.spec)
+    current = builders.spec_revision(md.spec)
     uid = md.uid
     deployments = [d for d in observed.deployments if owned_by(d, uid)]
     services = [s for s in observed.services if owned_by(s, uid)]
@@ -135,17 +120,17 @@ def plan(md: ModelDeployment, observed: Observed, now: datetime, measure: c.Meas
     counts = count_pods(facts)
     live_specs = _live_revision_specs(md, deployments)
 
-    decision = plan_revisions(md, current, live_specs, counts, now, measure)
+    decision = canary.decide(md, current, live_specs, counts, now, measure)
     targets = decision.targets
 
     # -- desired children
     desired: list[dict[str, Any]] = []
     for t in targets:
-        desired.append(b.build_deployment(md, t.spec, t.revision, t.replicas))
-    desired.append(b.build_model_service(md))
+        desired.append(builders.build_deployment(md, t.spec, t.revision, t.replicas))
+    desired.append(builders.build_model_service(md))
     for t in targets:
-        desired.append(b.build_revision_service(md, t.revision))
-    desired.append(b.build_pdb(md))
+        desired.append(builders.build_revision_service(md, t.revision))
+    desired.append(builders.build_pdb(md))
     if md.spec.rollout.traffic_routing.mode == "gatewayAPI":
         desired.append(routing.build_httproute(md, decision.stable, decision.canary, decision.weight))
     desired_names = {(o["kind"], o["metadata"]["name"]) for o in desired}
@@ -158,12 +143,12 @@ def plan(md: ModelDeployment, observed: Observed, now: datetime, measure: c.Meas
     ]
 
     # -- readiness gates: how many pods of each revision in traffic
-    gates = c.pod_gates(facts, targets)
+    gates = canary.pod_gates(facts, targets)
 
     status, events = compute_status(md, current, decision, counts, now)
     requeue = None
     if decision.requeue_at is not None:
-        requeue = max(c.MIN_REQUEUE, (decision.requeue_at - now).total_seconds())
+        requeue = max(canary.MIN_REQUEUE, (decision.requeue_at - now).total_seconds())
     return Plan(
         revision=current,
         revisions=targets,
@@ -181,7 +166,7 @@ def plan(md: ModelDeployment, observed: Observed, now: datetime, measure: c.Meas
 def compute_status(
     md: ModelDeployment,
     current: str,
-    decision: c.Decision,
+    decision: canary.Decision,
     counts: Mapping[str, RevisionCounts],
     now: datetime,
     error: str | None = None,
@@ -191,18 +176,18 @@ def compute_status(
     want = md.spec.replicas
     revisions: list[RevisionStatus] = []
     for t in decision.targets:
-        c = counts.get(t.revision, RevisionCounts())
+        pods = counts.get(t.revision, RevisionCounts())
         revisions.append(
             RevisionStatus(
                 revision=t.revision,
                 role=t.role,
-                deployment=b.deployment_name(md.name, t.revision),
+                deployment=builders.deployment_name(md.name, t.revision),
                 replicas=t.replicas,
-                current_replicas=c.current,
-                ready_replicas=c.ready,
-                in_traffic_replicas=c.in_traffic,
-                unschedulable_replicas=c.unschedulable,
-                scheduling_message=c.scheduling_message,
+                current_replicas=pods.current,
+                ready_replicas=pods.ready,
+                in_traffic_replicas=pods.in_traffic,
+                unschedulable_replicas=pods.unschedulable,
+                scheduling_message=pods.scheduling_message,
                 model_version=t.spec.model.version,
             )
         )
@@ -214,7 +199,7 @@ def compute_status(
         else:
             canary_in = counts.get(decision.canary, RevisionCounts()).in_traffic
             stable_in = counts.get(decision.stable, RevisionCounts()).in_traffic
-            achieved = c_achieved_weight(canary_in, stable_in) or 0
+            achieved = canary.achieved_weight(canary_in, stable_in) or 0
 
     # -- conditions
     is_ready = in_traffic_total >= want

@@ -22,7 +22,6 @@ from .builders import LABEL_REVISION, READINESS_GATE
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
-CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
 
 
 def utcnow() -> datetime:
