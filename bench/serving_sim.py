@@ -9,6 +9,7 @@ scheduler contributes, which the shared 2-core benchmark machine cannot measure 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -100,6 +101,186 @@ async def _simulate(
         sizes.append(got.size)
         q.submit([new() for _ in range(got.size)])
     return SimResult(done / busy, float(np.mean(pads)), float(np.mean(sizes)), max_wait)
+
+
+@dataclass
+class OpenLoopResult:
+    """One open-loop (Poisson) phase: per-item latency (queue wait + batch time), seconds."""
+
+    latencies: np.ndarray
+    lengths: np.ndarray
+    waits: np.ndarray
+    max_batch_s: float
+    bucket_bounds: list[int]
+    coef_after_saturation: list[float]
+    busy_share: float = 0.0
+    mean_batch: float = 0.0
+
+    def pct(self, q: float, mask: np.ndarray | None = None) -> float:
+        xs = self.latencies if mask is None else self.latencies[mask]
+        return float(np.percentile(xs, q)) if len(xs) else float("nan")
+
+    @property
+    def p50(self) -> float:
+        return self.pct(50)
+
+    @property
+    def p99(self) -> float:
+        return self.pct(99)
+
+    @property
+    def max_wait(self) -> float:
+        return float(self.waits.max()) if len(self.waits) else 0.0
+
+    def by_bucket(self) -> dict[str, dict[str, float]]:
+        """p50/p99 latency and the longest queue wait per length bucket (the server's final bounds)."""
+        out: dict[str, dict[str, float]] = {}
+        lo = 0
+        for hi in self.bucket_bounds:
+            mask = (self.lengths > lo) & (self.lengths <= hi)
+            if mask.any():
+                out[f"{lo + 1}-{hi}"] = {
+                    "items": int(mask.sum()),
+                    "p50_ms": round(self.pct(50, mask) * 1000, 1),
+                    "p99_ms": round(self.pct(99, mask) * 1000, 1),
+                    "max_wait_ms": round(float(self.waits[mask].max()) * 1000, 1),
+                }
+            lo = hi
+        return out
+
+
+async def _simulate_open(
+    lengths: np.ndarray,
+    scheduler: str,
+    cost: Callable[[int, int], float],
+    rate: float,
+    seconds: float,
+    saturate_clients: int,
+    saturate_s: float,
+    max_batch_size: int,
+    token_budget: int,
+    seed: int,
+) -> OpenLoopResult:
+    clock = _Clock()
+    q = BatchQueue(
+        BatchingConfig(
+            max_batch_size=max_batch_size,
+            max_queue_delay_s=0.005,
+            token_budget=token_budget,
+            max_length=512,
+            scheduler=scheduler,
+        ),
+        clock=clock,
+        cost_model=CostModel(),
+    )
+    loop = asyncio.get_running_loop()
+    rng = np.random.default_rng(seed)
+    feed = iter(np.resize(lengths, 10_000_000))
+
+    def new(at: float) -> WorkItem:
+        return WorkItem(
+            payload=None, length=int(next(feed)), deadline=at + 1e9, arrival=at, future=loop.create_future()
+        )
+
+    def run(batch: Batch) -> float:
+        t = cost(batch.size, batch.padded_length)
+        clock.t += t
+        q.record(batch, t)
+        return t
+
+    # Phase 1 (optional): saturation, a closed loop of `saturate_clients` clients.
+    if saturate_clients:
+        end = clock.t + saturate_s
+        q.submit([new(clock.t) for _ in range(saturate_clients)])
+        while clock.t < end:
+            got = q.try_form()
+            while not isinstance(got, Batch):
+                assert got is not None
+                clock.t = max(clock.t, got) + 1e-6
+                got = q.try_form()
+            run(got)
+            q.submit([new(clock.t) for _ in range(got.size)])
+        # the closed-loop clients stop: what they still have queued is served, then the open phase starts
+        while (got := q.try_form()) is not None:
+            if isinstance(got, Batch):
+                run(got)
+            else:
+                clock.t = max(clock.t, got) + 1e-6
+
+    coef_after = [float(c) for c in q.cost.coef]
+    # Phase 2: Poisson arrivals at `rate` for `seconds`.
+    start = clock.t
+    arrivals = start + np.cumsum(rng.exponential(1.0 / rate, size=int(rate * seconds * 1.5) + 10))
+    arrivals = arrivals[arrivals < start + seconds]
+    nxt = 0
+    lat: list[float] = []
+    lens: list[int] = []
+    waits: list[float] = []
+    max_batch = busy = 0.0
+    batches = 0
+    while nxt < len(arrivals) or q.depth:
+        while nxt < len(arrivals) and arrivals[nxt] <= clock.t:
+            at = float(arrivals[nxt])
+            saved, clock.t = clock.t, at
+            q.submit([new(at)])
+            clock.t = saved
+            nxt += 1
+        got = q.try_form()
+        upcoming = float(arrivals[nxt]) if nxt < len(arrivals) else math.inf
+        if isinstance(got, Batch):
+            formed = clock.t
+            t = run(got)
+            max_batch = max(max_batch, t)
+            busy += t
+            batches += 1
+            for it in got.items:
+                waits.append(formed - it.arrival)
+                lat.append(clock.t - it.arrival)
+                lens.append(it.length)
+        elif got is None:
+            clock.t = upcoming
+        else:
+            clock.t = min(max(clock.t, got) + 1e-6, upcoming)
+    return OpenLoopResult(
+        np.array(lat),
+        np.array(lens),
+        np.array(waits),
+        max_batch,
+        list(q.buckets.bounds),
+        coef_after,
+        busy / max(1e-9, clock.t - start),
+        len(lat) / max(1, batches),
+    )
+
+
+def simulate_open(
+    lengths: np.ndarray,
+    scheduler: str,
+    rate: float,
+    seconds: float = 30.0,
+    coef: Sequence[float] = MINILM_CPU,
+    saturate_clients: int = 0,
+    saturate_s: float = 15.0,
+    max_batch_size: int = 64,
+    token_budget: int = 8192,
+    seed: int = 1,
+) -> OpenLoopResult:
+    """Poisson arrivals at ``rate`` items/s for ``seconds`` of simulated time, after an optional saturation
+    phase (``saturate_clients`` closed-loop clients for ``saturate_s``) on the same queue."""
+    return asyncio.run(
+        _simulate_open(
+            lengths,
+            scheduler,
+            cost_fn(coef),
+            rate,
+            seconds,
+            saturate_clients,
+            saturate_s,
+            max_batch_size,
+            token_budget,
+            seed,
+        )
+    )
 
 
 def simulate(
