@@ -230,6 +230,10 @@ class Toleration(_Model):
         return self
 
 
+#: length buckets of a spec that sets none (those above maxSequenceLength left out)
+DEFAULT_BUCKETS = (32, 64, 128, 256)
+
+
 class BatchingSpec(_Model):
     """Dynamic batching settings of the inference server."""
 
@@ -247,12 +251,11 @@ class BatchingSpec(_Model):
         default=256, ge=1, le=32_768, description="Maximum tokens per text input."
     )
     buckets: list[Annotated[int, Field(ge=1, le=32_768)]] = Field(
-        default_factory=lambda: [32, 64, 128, 256],
+        default_factory=lambda: list(DEFAULT_BUCKETS),
         max_length=32,
         description="Length bucket upper bounds (strictly increasing, at most maxSequenceLength); "
-        "empty = derived by the server.",
+        "empty = derived by the server; unset = 32, 64, 128, 256 up to maxSequenceLength.",
         json_schema_extra={
-            "default": [32, 64, 128, 256],
             "x-kubernetes-list-type": "set",
             **_validations(_cel("self.isSorted()", "spec.batching.buckets must be strictly increasing")),
         },
@@ -273,11 +276,22 @@ class BatchingSpec(_Model):
             ),
             _cel(
                 "!has(self.buckets) || self.buckets.all(b, b <= self.maxSequenceLength)",
-                "every bucket must be <= spec.batching.maxSequenceLength",
+                "every one of spec.batching.buckets must be <= spec.batching.maxSequenceLength",
                 ".buckets",
             ),
         )
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_buckets(cls, data: Any) -> Any:
+        """Unset buckets are the default ones that fit maxSequenceLength (not a CRD default: that one
+        would refuse a spec that only lowers maxSequenceLength, for buckets its author never wrote)."""
+        if isinstance(data, dict) and "buckets" not in data:
+            msl = data.get("maxSequenceLength", data.get("max_sequence_length", 256))
+            if isinstance(msl, int):
+                return {**data, "buckets": [b for b in DEFAULT_BUCKETS if b <= msl]}
+        return data
 
     @model_validator(mode="after")
     def _rules(self) -> BatchingSpec:
@@ -286,7 +300,7 @@ class BatchingSpec(_Model):
         if any(b >= a for b, a in zip(self.buckets, self.buckets[1:], strict=False)):
             raise ValueError("spec.batching.buckets must be strictly increasing")
         if any(b > self.max_sequence_length for b in self.buckets):
-            raise ValueError("every bucket must be <= spec.batching.maxSequenceLength")
+            raise ValueError("every one of spec.batching.buckets must be <= spec.batching.maxSequenceLength")
         return self
 
 

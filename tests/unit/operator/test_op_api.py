@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 from md_cases import invalid_manifests
@@ -61,15 +62,38 @@ def test_parse_duration_refuses(text):
         parse_duration(text)
 
 
+def _path(field: str) -> list[str | int]:
+    """``spec.rollout.steps[1]`` -> ``["spec", "rollout", "steps", 1]``."""
+    out: list[str | int] = []
+    for part in field.split("."):
+        name, *idx = part.replace("]", "").split("[")
+        out.append(name)
+        out += [int(i) for i in idx]
+    return out
+
+
+def _names_the_field(error: dict[str, Any], field: str) -> bool:
+    """The error is located at the field, or at an object holding it with a message naming it."""
+    want = _path(field)
+    loc = list(error["loc"])
+    if loc == want:
+        return True
+    last_name = next(p for p in reversed(want) if isinstance(p, str))
+    return want[: len(loc)] == loc and last_name in error["msg"]
+
+
 @pytest.mark.parametrize(
     ("name", "manifest", "field", "mode"),
     [c for c in invalid_manifests() if c[3] == "refuse"],
     ids=[c[0] for c in invalid_manifests() if c[3] == "refuse"],
 )
-def test_models_refuse_every_invalid_manifest(name, manifest, field, mode):
-    """The same bad manifests the apiserver must refuse are refused by the models."""
-    with pytest.raises(ValidationError):
+def test_models_refuse_every_invalid_manifest_naming_its_field(name, manifest, field, mode):
+    """The same bad manifests the apiserver must refuse are refused by the models, and the error names
+    the field the manifest's header expects."""
+    with pytest.raises(ValidationError) as err:
         ModelDeployment.model_validate(manifest)
+    errors = err.value.errors()
+    assert any(_names_the_field(e, field) for e in errors), (field, errors)
 
 
 def test_invalid_manifests_are_many_and_distinct():
@@ -78,14 +102,47 @@ def test_invalid_manifests_are_many_and_distinct():
     assert len({c[2] + repr(c[1]["spec"]) for c in cases}) == len(cases)
 
 
+#: the good value of a field whose absence is the fault (or whose removal leaves a required field missing)
+_REPAIRS: dict[str, Any] = {
+    "spec.model.uri": "file:///models/minilm",
+    "spec.model.handler": "handler.py:Model",
+    "spec.rollout.trafficRouting.gatewayAPI": {"parentRefs": [{"name": "gw"}]},
+}
+
+
 def test_the_invalid_manifests_differ_from_a_valid_one_only_in_the_bad_part():
-    """Each bad manifest becomes valid when its base spec is used (the model and its URI are fine)."""
-    for name, manifest, _, mode in invalid_manifests():
-        if mode != "refuse" or name.endswith("unknown-field.yaml"):
+    """Each bad manifest becomes valid when the one field its header names is removed (or, where the
+    field is required, set to a good value): nothing else in it is wrong."""
+    for name, manifest, field, mode in invalid_manifests():
+        if mode != "refuse":
             continue
         good = copy.deepcopy(manifest)
-        good["spec"] = {"model": {"name": "minilm", "uri": "file:///models/minilm"}}
-        ModelDeployment.model_validate(good)
+        *parents, last = _path(field)
+        holder: Any = good
+        for p in parents:
+            holder = holder[p]
+        if field in _REPAIRS:
+            holder[last] = _REPAIRS[field]
+        elif isinstance(last, int) or last in holder:
+            del holder[last]
+        else:
+            raise AssertionError(f"{name}: {field} is absent and has no repair")
+        try:
+            ModelDeployment.model_validate(good)
+        except ValidationError as e:
+            raise AssertionError(f"{name}: still invalid without {field}: {e}") from e
+
+
+def test_unset_buckets_are_the_defaults_that_fit_the_max_sequence_length():
+    assert spec().batching.buckets == [32, 64, 128, 256]
+    assert spec(batching={"maxSequenceLength": 512}).batching.buckets == [32, 64, 128, 256]
+    # lowering maxSequenceLength alone is valid: no bucket the author never wrote is refused
+    assert spec(batching={"maxSequenceLength": 128}).batching.buckets == [32, 64, 128]
+    assert spec(batching={"maxSequenceLength": 100}).batching.buckets == [32, 64]
+    # buckets the author wrote are checked as written
+    with pytest.raises(ValidationError, match="spec.batching.buckets"):
+        spec(batching={"maxSequenceLength": 128, "buckets": [64, 256]})
+    assert spec(batching={"buckets": []}).batching.buckets == []  # empty: derived by the server
 
 
 def test_gpu_must_be_an_integer_even_from_python():
