@@ -492,12 +492,21 @@ class ModelDeploymentSpec(_Model):
 
 # ---------------------------------------------------------------------------------------------- status
 
+
+class _StatusModel(_Model):
+    """A part of status: read leniently. Fields it does not know (written by a newer operator, or by
+    hand) are ignored at any depth rather than refused: status holds the rollout state, and an operator
+    that refused it would act as if there were none. The spec stays strict (``extra="forbid"``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
 ConditionStatus = Literal["True", "False", "Unknown"]
 Phase = Literal["Pending", "Progressing", "Paused", "Healthy", "Degraded", "Failed"]
 Role = Literal["stable", "canary", "previous", "old"]
 
 
-class Condition(_Model):
+class Condition(_StatusModel):
     """A metav1.Condition."""
 
     type: str = Field(
@@ -511,7 +520,7 @@ class Condition(_Model):
     message: str = Field(max_length=32768)
 
 
-class RevisionStatus(_Model):
+class RevisionStatus(_StatusModel):
     """Observed state of one revision (one Deployment)."""
 
     revision: str = Field(max_length=63)
@@ -526,7 +535,7 @@ class RevisionStatus(_Model):
     model_version: str | None = Field(default=None, max_length=63)
 
 
-class Measurement(_Model):
+class Measurement(_StatusModel):
     """One analysis measurement: the query, what it returned, the threshold and the verdict."""
 
     metric: str = Field(max_length=63)
@@ -538,7 +547,7 @@ class Measurement(_Model):
     time: datetime
 
 
-class AnalysisStatus(_Model):
+class AnalysisStatus(_StatusModel):
     """Rollout analysis state (kept in status so a restarted operator resumes it)."""
 
     consecutive_failures: int = Field(default=0, ge=0)
@@ -560,7 +569,7 @@ HistoryOutcome = Literal[
 HistoryKind = Literal["Deployed", "Promoted", "RolledBack", "Aborted", "Superseded", "FailedBack"]
 
 
-class HistoryEntry(_Model):
+class HistoryEntry(_StatusModel):
     """A decision about a revision."""
 
     revision: str = Field(max_length=63)
@@ -584,7 +593,7 @@ class HistoryEntry(_Model):
         return self
 
 
-class ModelDeploymentStatus(_Model):
+class ModelDeploymentStatus(_StatusModel):
     """Observed state of a ModelDeployment; all rollout state lives here."""
 
     observed_generation: int | None = Field(default=None, ge=0)

@@ -19,7 +19,7 @@ from . import builders as b
 from . import kube as k
 from . import metrics
 from .analysis import Judgement, PrometheusAnalyzer, Sample, judge
-from .api import API_VERSION, KIND, ModelDeployment, ModelDeploymentStatus
+from .api import API_VERSION, KIND, Condition, ModelDeployment, ModelDeploymentStatus
 from .canary import COMMAND_ANNOTATION, AnalysisRequest
 from .diff import Path, mismatches, needs_apply
 from .plan import EventSpec, Observed, Plan, error_status, plan
@@ -63,6 +63,8 @@ class Reconciler:
         self._analyzers: dict[str, Analyzer] = {}
         # paths the apiserver rewrites in an object we apply (learned from apply answers)
         self._normalized: dict[tuple[str, str, str], frozenset[Path]] = {}
+        # the last InvalidStatus message posted as an event, per ModelDeployment (one event per message)
+        self._reported_status: dict[tuple[str, str], str] = {}
 
     # -------------------------------------------------------------------------------- observe
     def observe(self, namespace: str, name: str, routes: bool = False) -> Observed:
@@ -105,7 +107,11 @@ class Reconciler:
         try:
             md = ModelDeployment.from_api(raw)
         except ValidationError as e:
+            unreadable = [x for x in e.errors() if x["loc"][:1] == ("status",)]
+            if unreadable:
+                return self._unreadable_status(raw, unreadable)
             return self._invalid(raw, e)
+        self._reported_status.pop((namespace, name), None)
         try:
             result = self._reconcile(raw, md)
         except k.KubeError as e:
@@ -251,17 +257,15 @@ class Reconciler:
 
     # -------------------------------------------------------------------------------- failures
     def _invalid(self, raw: dict[str, Any], err: ValidationError) -> Result:
-        """A spec the apiserver accepted but the models refuse (e.g. an old CRD): report, do nothing."""
+        """A spec the apiserver accepted but the models refuse (e.g. an old CRD): report, do nothing.
+
+        Only called when the status itself reads (see :meth:`_unreadable_status`), so the rollout state
+        in it is kept as it is; only the Degraded condition, phase and observedGeneration change."""
         metrics.RECONCILES.labels(result="invalid").inc()
-        message = "; ".join(
-            f"spec.{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in err.errors()[:5]
-        )
+        message = _fields(err.errors())
         meta = raw["metadata"]
         old = raw.get("status") or {}
-        try:
-            st = ModelDeploymentStatus.model_validate(old)
-        except ValidationError:
-            st = ModelDeploymentStatus()
+        st = ModelDeploymentStatus.model_validate(old)
         now = self.clock()
         conds = merge_conditions(
             st.conditions,
@@ -284,6 +288,45 @@ class Reconciler:
             writes = 1
         return Result(writes=writes)
 
+    def _unreadable_status(self, raw: dict[str, Any], errors: list[Any]) -> Result:
+        """A status the models cannot read (a wrong type, or a value this operator does not know, e.g.
+        after a downgrade or a hand edit): the rollout state is unknown, so nothing is done -- no child
+        is applied, scaled or deleted, no pod gate moves, no rollout field of status is replaced.
+        Reported as ``Degraded=True``, reason ``InvalidStatus``, naming the fields, and a Warning event;
+        the first reconcile after the status is fixed (or by an operator that reads it) resumes the
+        rollout where it was.
+
+        Only ``conditions`` and ``phase`` are written, only when neither is among the unreadable fields,
+        and best effort (the apiserver may refuse any status write while a field breaks its schema)."""
+        metrics.RECONCILES.labels(result="invalid").inc()  # as an invalid spec: the reason tells
+        meta = raw["metadata"]
+        message = (
+            f"{_fields(errors)}; the operator does not act on this ModelDeployment until its status "
+            f"can be read (fix or remove these fields: kubectl edit md {meta['name']} --subresource=status)"
+        )
+        key = (str(meta.get("namespace")), str(meta["name"]))
+        old = raw.get("status") or {}
+        bad = {str(e["loc"][1]) if len(e["loc"]) > 1 else "" for e in errors}
+        writes = 0
+        if not bad & {"", "conditions", "phase"}:
+            conds = [Condition.model_validate(c) for c in old.get("conditions") or []]
+            wanted = ConditionSpec(DEGRADED, "True", "InvalidStatus", message)
+            new = merge_conditions(conds, [wanted], int(meta.get("generation", 0)), self.clock())
+            want = {"conditions": [c.to_api() for c in new], "phase": "Degraded"}
+            have = {"conditions": [c.to_api() for c in conds], "phase": old.get("phase")}
+            patch = {f: v for f, v in want.items() if have[f] != v}
+            if not patch:
+                return Result()  # reported already
+            try:
+                self.write_status(raw, patch)
+                writes = 1
+            except (Conflict, k.KubeError) as e:
+                log.warning("%s/%s: could not write the InvalidStatus condition: %s", *key, e)
+        if self._reported_status.get(key) != message:
+            self._reported_status[key] = message
+            self.event(raw, EventSpec("Warning", "InvalidStatus", message))
+        return Result(writes=writes)
+
     def _report_failure(self, raw: dict[str, Any], md: ModelDeployment, err: Exception) -> None:
         if isinstance(err, Conflict):
             return  # a newer version exists; it will be reconciled
@@ -295,3 +338,8 @@ class Reconciler:
                 self.write_status(raw, patch)
         except Exception as e:
             log.debug("could not record the failure in status: %s", e)
+
+
+def _fields(errors: Sequence[Any], limit: int = 5) -> str:
+    """``spec.rollout.steps: ...; status.step: ...``: the fields a ValidationError names, with why."""
+    return "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in errors[:limit])

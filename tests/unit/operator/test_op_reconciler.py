@@ -1,5 +1,6 @@
 """The plan and one reconcile against an in-memory apiserver: create, idempotence, drift repair,
-traffic gates, a new revision, unschedulable pods, invalid specs, restarts."""
+traffic gates, a new revision, unschedulable pods, invalid specs, restarts, status that a newer operator
+or a hand edit wrote (unknown fields ignored; an unreadable one reported, never replaced)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import copy
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from md_canary import World
 from md_fakekube import FakeKube
 from modeldeploy import builders as b
 from modeldeploy.api import ModelDeployment
 from modeldeploy.plan import Observed, plan
 from modeldeploy.reconciler import Reconciler
+from modeldeploy.status import normalize
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -372,3 +375,131 @@ def test_a_terminating_namespace_is_not_an_error(world, monkeypatch):
     monkeypatch.setattr(fake, "apply", refused)
     assert rec.reconcile("default", "minilm").writes == 0
     assert not [e for e in fake.events if e["reason"] == "ReconcileError"]
+
+
+# ---------------------------------------------------------------------------------------------- status reads
+
+
+def mid_canary() -> tuple[World, str, str]:
+    """A canary at its first step next to the stable revision (rollout state only in status)."""
+    w = World()
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    assert (w.status["stableRevision"], w.status["canaryRevision"], w.status["step"]) == (old, new, 0)
+    return w, old, new
+
+
+def deployments(w: World) -> dict[str, int]:
+    return {d["metadata"]["name"]: d["spec"]["replicas"] for d in w.fake.of_kind("Deployment")}
+
+
+def test_unknown_status_fields_at_any_depth_reconcile_exactly_like_none():
+    """Fields this operator does not know (a newer operator's, a hand edit's) are ignored, never a reason
+    to treat the status as missing: the same writes, events and outcome as without them."""
+    plain, _, new = mid_canary()
+    marked, _, _ = mid_canary()
+    st = marked.raw["status"]
+    st["rolloutStrategy"] = {"name": "future"}
+    st["history"][0]["decidedBy"] = "a newer operator"
+    st["revisions"][0]["zone"] = "eu-1"
+    st["conditions"][0]["hint"] = "x"
+    st["analysis"] = {**st.get("analysis", {}), "window": "1m"}
+    for w in (plain, marked):
+        w.fake.writes.clear()
+        w.reconcile()
+    assert marked.fake.writes == plain.fake.writes == []  # mid-step: nothing to do, for both
+    for w in (plain, marked):
+        w.run_for(60)
+    assert marked.fake.writes == plain.fake.writes
+    assert marked.event_reasons() == plain.event_reasons()
+    assert normalize(marked.status) == normalize(plain.status)
+    assert marked.status["stableRevision"] == new and "Promoted" in marked.event_reasons()
+    assert deployments(marked) == deployments(plain)
+    assert marked.status["rolloutStrategy"] == {"name": "future"}  # not ours to remove
+    assert "InvalidSpec" not in marked.event_reasons()
+
+
+@pytest.mark.parametrize(
+    ("field", "corrupt"),
+    [
+        ("status.step", lambda st: st.update(step="two")),
+        ("status.history.0.time", lambda st: st["history"][0].update(time="yesterday")),
+        ("status.history.0.kind", lambda st: st["history"][0].update(kind="Teleported")),
+        ("status.stableRevision", lambda st: st.update(stableRevision=7)),
+        ("status.conditions", lambda st: st.update(conditions="broken")),
+    ],
+    ids=["step", "history-time", "history-kind", "stable-revision", "conditions"],
+)
+def test_an_unreadable_status_is_reported_and_nothing_is_done(field, corrupt):
+    """A status field of the wrong type (or a value this operator does not know) is never replaced by an
+    empty status: no child is applied, scaled or deleted, no revision goes to 100 %, the rollout fields
+    stay as they are; Degraded/InvalidStatus and one Warning event name the field. Fixed, the rollout
+    resumes where it was."""
+    w, old, new = mid_canary()
+    before = copy.deepcopy(w.status)
+    deps = deployments(w)
+    corrupt(w.raw["status"])
+    corrupted = copy.deepcopy(w.status)
+    w.fake.writes.clear()
+    w.fake.events.clear()
+    w.run_for(120)  # far past the step interval and the bake time: timers and watch events keep coming
+    assert deployments(w) == deps
+    assert [x for x in w.fake.writes if x[1] != "ModelDeployment/status"] == []
+    st = w.status
+    for key in ("stableRevision", "canaryRevision", "step", "canaryWeight", "history", "revisions"):
+        assert st.get(key) == corrupted.get(key), key
+    assert st["stableRevision"] == before["stableRevision"] or field == "status.stableRevision"
+    warnings = [e for e in w.fake.events if e["reason"] == "InvalidStatus"]
+    assert len(warnings) == 1 and warnings[0]["type"] == "Warning" and field in warnings[0]["message"]
+    if field == "status.conditions":
+        assert w.fake.writes == [] and st["conditions"] == "broken"  # nothing we can write safely
+    else:
+        assert len(w.fake.writes) == 1  # the report, once
+        degraded = w.cond("Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "InvalidStatus")
+        assert field in degraded["message"] and st["phase"] == "Degraded"
+    assert not {"Deployed", "Promoted", "Deleted", "InvalidSpec"} & set(w.event_reasons())
+
+    # fixed by hand: the rollout resumes from the state it was in (the canary is judged, then promoted)
+    for key in ("step", "history", "stableRevision", "conditions"):
+        w.raw["status"][key] = copy.deepcopy(before[key])
+    w.reconcile()
+    assert (w.status["stableRevision"], w.status["canaryRevision"]) == (old, new)
+    assert w.cond("Degraded")["reason"] != "InvalidStatus"
+    w.run_for(60)
+    assert w.status["stableRevision"] == new
+    assert [h["outcome"] for h in w.status["history"]] == ["Deployed", "Promoted"]
+
+
+def test_an_invalid_spec_keeps_the_rollout_state_in_status():
+    """The InvalidSpec report changes only the Degraded condition, phase and observedGeneration: fixed,
+    the canary goes on from its step instead of starting over or going straight to 100 %."""
+    w, old, new = mid_canary()
+    st = w.raw["status"]
+    st["history"][0]["decidedBy"] = "a newer operator"  # an unknown field is no reason to give up the state
+    before = copy.deepcopy(w.status)
+    spec = copy.deepcopy(w.raw["spec"])
+    w.raw["spec"]["rollout"] = {"steps": [50, 10]}
+    w.fake.writes.clear()
+    w.reconcile()
+    assert w.fake.writes == [("patch", "ModelDeployment/status", "minilm")]
+    assert w.cond("Degraded")["reason"] == "InvalidSpec"
+    assert "spec.rollout.steps" in w.cond("Degraded")["message"]
+    for key in ("stableRevision", "canaryRevision", "step", "history", "revisions", "analysis"):
+        assert w.status.get(key) == before.get(key), key
+
+    w.raw["spec"] = spec
+    w.reconcile()
+    assert (w.status["stableRevision"], w.status["canaryRevision"], w.status["step"]) == (old, new, 0)
+    assert "Deleted" not in w.event_reasons()
+
+
+def test_a_wrong_status_and_an_invalid_spec_report_the_status_first():
+    w, _, _ = mid_canary()
+    w.raw["status"]["step"] = "two"
+    w.raw["spec"]["rollout"] = {"steps": [50, 10]}
+    deps = deployments(w)
+    w.reconcile()
+    assert deployments(w) == deps and w.status["step"] == "two"
+    assert w.cond("Degraded")["reason"] == "InvalidStatus"
