@@ -140,7 +140,7 @@ def test_unset_buckets_are_the_defaults_that_fit_the_max_sequence_length():
     assert spec(batching={"maxSequenceLength": 128}).batching.buckets == [32, 64, 128]
     assert spec(batching={"maxSequenceLength": 100}).batching.buckets == [32, 64]
     # buckets the author wrote are checked as written
-    with pytest.raises(ValidationError, match="spec.batching.buckets"):
+    with pytest.raises(ValidationError, match=r"spec\.batching\.buckets"):
         spec(batching={"maxSequenceLength": 128, "buckets": [64, 256]})
     assert spec(batching={"buckets": []}).batching.buckets == []  # empty: derived by the server
 
