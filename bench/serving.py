@@ -328,10 +328,16 @@ def run_rounds(
                     entry["server_stats"] = server_stats(servers[cfg].port)
             results[cfg][wl] = entry
         rate = 0.7 * results["adaptive"][wl]["items_per_s"]
-        pr = asyncio.run(open_loop(HOST, servers["adaptive"].port, reqs, rate, durations[wl], warmup_s=2.0))
-        results["poisson"][wl] = {"rate_per_s": round(rate, 1), **summarize(pr)}
-        p50, p99 = pr.pct(50) * 1000, pr.pct(99) * 1000
-        log(f"adaptive {wl} Poisson at {rate:.1f}/s: p50 {p50:.1f} ms p99 {p99:.1f} ms")
+        # both adaptive schedulers at the same rate, right after their saturation rounds
+        for cfg in ("adaptive", "adaptive-v1"):
+            if cfg not in servers:
+                continue
+            port = servers[cfg].port
+            pr = asyncio.run(open_loop(HOST, port, reqs, rate, durations[wl], warmup_s=2.0))
+            key = wl if cfg == "adaptive" else f"{wl} ({cfg})"
+            results["poisson"][key] = {"rate_per_s": round(rate, 1), **summarize(pr)}
+            p50, p99 = pr.pct(50) * 1000, pr.pct(99) * 1000
+            log(f"{cfg} {wl} Poisson at {rate:.1f}/s: p50 {p50:.1f} ms p99 {p99:.1f} ms")
     return results
 
 
@@ -442,6 +448,8 @@ def ratios(res: dict[str, Any]) -> dict[str, Any]:
         r[f"{wl}: adaptive/limit"] = round(a / res["limit"][wl]["items_per_s"], 3)
         r[f"{wl}: adaptive/fifo"] = round(a / max(1e-9, res["fifo"][wl]["items_per_s"]), 3)
         r[f"{wl}: adaptive/naive"] = round(a / max(1e-9, res["naive"][wl]["items_per_s"]), 3)
+        if "adaptive-v1" in res:
+            r[f"{wl}: adaptive/adaptive-v1"] = round(a / max(1e-9, res["adaptive-v1"][wl]["items_per_s"]), 3)
     return r
 
 
@@ -451,6 +459,11 @@ def verdicts(r: dict[str, Any]) -> dict[str, Any]:
         "long: adaptive/limit >= 0.85": r["long: adaptive/limit"] >= 0.85,
         "short: adaptive/naive >= 2.5": r["short: adaptive/naive"] >= 2.5,
         "long: adaptive/fifo >= 1.5": r["long: adaptive/fifo"] >= 1.5,
+        **{
+            f"{wl}: adaptive/adaptive-v1 >= 0.95": r[f"{wl}: adaptive/adaptive-v1"] >= 0.95
+            for wl in ("short", "long")
+            if f"{wl}: adaptive/adaptive-v1" in r
+        },
     }
 
 
@@ -489,7 +502,9 @@ def markdown(doc: dict[str, Any]) -> str:
         )
     lines += ["", "Per round (items/s):", "", "| workload | config | rounds |", "|---|---|---|"]
     for wl in ("short", "long"):
-        for cfg in ("limit", "adaptive", "fifo", "naive"):
+        for cfg in ("limit", "adaptive", "adaptive-v1", "fifo", "naive"):
+            if cfg not in res:
+                continue
             lines.append(f"| {wl} | {cfg} | {', '.join(str(x) for x in res[cfg][wl]['rounds'])} |")
     lines += ["", "Targets (same run, default configuration for both workloads):", ""]
     for k, v in doc["targets_met"].items():
@@ -521,6 +536,16 @@ def markdown(doc: dict[str, Any]) -> str:
             f" {row['adaptive_mean_batch']} / {row['fifo_mean_batch']} |"
             f" {row['adaptive_max_wait_s']} s / {row['fifo_max_wait_s']} s |"
         )
+    lines += ["", "Poisson at 70% of (2), both adaptive schedulers (after their saturation rounds):", ""]
+    lines += ["| workload | scheduler | rate/s | p50 ms | p99 ms | p99/p50 |", "|---|---|---|---|---|---|"]
+    for key, p in res["poisson"].items():
+        wl, _, cfg = key.partition(" (")
+        ratio = round(p["p99_ms"] / p["p50_ms"], 2) if p.get("p50_ms") else "-"
+        lines.append(
+            f"| {wl} | {cfg.rstrip(')') or 'adaptive'} | {p['rate_per_s']} | {p['p50_ms']} | {p['p99_ms']} |"
+            f" {ratio} |"
+        )
+    lines += ["", tail_markdown(sim.get("tail", {}))]
     o = doc["overhead"]
     lines += [
         "",
@@ -535,6 +560,37 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def tail_markdown(tail: dict[str, Any]) -> str:
+    """The simulated tail tables (bench/serving_sim.tail_report)."""
+    if not tail:
+        return ""
+    lines = [
+        "### Tail latency, simulated (Poisson at 70% of adaptive-v1's simulated peak, 60 s)",
+        "",
+        "| workload | scheduler | phase | peak items/s | p50 ms | p99 ms | p99/p50 | max wait ms |"
+        " max batch ms | max wait / max batch | busy | mean batch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    buckets = ["", "| workload | scheduler | phase | bucket | items | p50 ms | p99 ms | max wait ms |"]
+    buckets.append("|---|---|---|---|---|---|---|---|")
+    for wl, row in tail.items():
+        for sch in ("adaptive", "adaptive-v1"):
+            for phase in ("fresh", "after_saturation"):
+                e = row[sch][phase]
+                lines.append(
+                    f"| {wl} | {sch} | {phase} | {row[sch]['peak_items_per_s']} | {e['p50_ms']} |"
+                    f" {e['p99_ms']} | {e['p99/p50']} | {e['max_wait_ms']} | {e['max_batch_ms']} |"
+                    f" {e['max_wait/max_batch']} | {e['busy_share']} | {e['mean_batch']} |"
+                )
+                for b, v in e["buckets"].items():
+                    buckets.append(
+                        f"| {wl} | {sch} | {phase} | {b} | {v['items']} | {v['p50_ms']} | {v['p99_ms']} |"
+                        f" {v['max_wait_ms']} |"
+                    )
+        lines.append(f"| {wl} | fifo | - | {row['fifo']['peak_items_per_s']} | | | | | | | | |")
+    return "\n".join([*lines, *buckets, ""])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -565,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     servers = {
         "adaptive": Proc(modelserver_args(threads), "adaptive", log_dir),
         "fifo": Proc(modelserver_args(threads, "--scheduler", "fifo"), "fifo", log_dir),
+        "adaptive-v1": Proc(modelserver_args(threads, "--scheduler", "adaptive-v1"), "adaptive-v1", log_dir),
         "naive": Proc([*naive_args, "--num-threads", str(threads)], "naive", log_dir),
     }
     try:
@@ -582,7 +639,9 @@ def main(argv: list[str] | None = None) -> int:
     learned = results["adaptive"].get("long", {}).get("server_stats", {}).get("cost_model") or list(
         MINILM_CPU
     )
-    simulation = {"cost_model": learned, "workloads": sim_report(learned)}
+    from bench.serving_sim import tail_report
+
+    simulation = {"cost_model": learned, "workloads": sim_report(learned), "tail": tail_report(learned)}
     log(f"simulation with the learned cost model {learned}: {simulation['workloads']}")
     overhead = measure_overhead(5.0 if q else 10.0, log_dir)
     import torch

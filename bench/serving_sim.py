@@ -12,9 +12,10 @@ import asyncio
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from modelserver.batching import Batch, BatchingConfig, BatchQueue, CostModel, WorkItem
+from modelserver.batching import Batch, BatchingConfig, BatchQueue, WorkItem
 
 # Cost of all-MiniLM-L6-v2 on 2 CPU cores as learned by the server: seconds = c . [1, n, n*L, n*L^2].
 MINILM_CPU = (8e-3, 4e-4, 1.27e-4, 4.4e-7)
@@ -69,7 +70,7 @@ async def _simulate(
             scheduler=scheduler,
         ),
         clock=clock,
-        cost_model=CostModel(),  # learned online, as in the server
+        cost_model=None,  # learned online, as in the server
     )
     loop = asyncio.get_running_loop()
     feed = iter(np.resize(lengths, items + clients + max_batch_size + 1))
@@ -160,6 +161,7 @@ async def _simulate_open(
     max_batch_size: int,
     token_budget: int,
     seed: int,
+    freeze_coef: Sequence[float] | None = None,
 ) -> OpenLoopResult:
     clock = _Clock()
     q = BatchQueue(
@@ -171,7 +173,7 @@ async def _simulate_open(
             scheduler=scheduler,
         ),
         clock=clock,
-        cost_model=CostModel(),
+        cost_model=None,
     )
     loop = asyncio.get_running_loop()
     rng = np.random.default_rng(seed)
@@ -207,6 +209,9 @@ async def _simulate_open(
             else:
                 clock.t = max(clock.t, got) + 1e-6
 
+    if freeze_coef is not None:  # a mis-fitted cost model that stops learning (the scheduler's guard alone)
+        q.cost.coef = np.asarray(freeze_coef, dtype=np.float64)
+        q.cost.observe = lambda *a, **k: None  # type: ignore[method-assign]
     coef_after = [float(c) for c in q.cost.coef]
     # Phase 2: Poisson arrivals at `rate` for `seconds`.
     start = clock.t
@@ -264,9 +269,11 @@ def simulate_open(
     max_batch_size: int = 64,
     token_budget: int = 8192,
     seed: int = 1,
+    freeze_coef: Sequence[float] | None = None,
 ) -> OpenLoopResult:
     """Poisson arrivals at ``rate`` items/s for ``seconds`` of simulated time, after an optional saturation
-    phase (``saturate_clients`` closed-loop clients for ``saturate_s``) on the same queue."""
+    phase (``saturate_clients`` closed-loop clients for ``saturate_s``) on the same queue. ``freeze_coef``:
+    from the open phase on, the queue's cost model has these coefficients and stops learning."""
     return asyncio.run(
         _simulate_open(
             lengths,
@@ -279,6 +286,7 @@ def simulate_open(
             max_batch_size,
             token_budget,
             seed,
+            freeze_coef,
         )
     )
 
@@ -325,6 +333,51 @@ def report(coef: Sequence[float] = MINILM_CPU) -> dict[str, dict[str, float]]:
     return out
 
 
+SCHEDULERS = ("adaptive", "adaptive-v1", "fifo")
+
+
+def tail_report(
+    coef: Sequence[float] = MINILM_CPU, seconds: float = 60.0, load: float = 0.7
+) -> dict[str, dict[str, Any]]:
+    """Per workload and scheduler: closed-loop peak (128 clients), then Poisson arrivals at ``load`` x the
+    baseline's (``adaptive-v1``) peak, the same offered rate for both adaptive schedulers (FIFO: peak
+    only), on a fresh queue and on one that has just run 15 s at saturation (64 clients): p50/p99, the
+    longest queue wait and the longest batch, overall and per length bucket."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, lengths in (("short", short_lengths(5000)), ("long", long_lengths(5000))):
+        peaks = {sch: simulate(lengths, sch, coef).items_per_s for sch in SCHEDULERS}
+        rate = load * peaks["adaptive-v1"]
+        row: dict[str, Any] = {"rate_per_s": round(rate, 1)}
+        for sch in SCHEDULERS:
+            entry: dict[str, Any] = {"peak_items_per_s": round(peaks[sch], 1)}
+            row[sch] = entry
+            if sch == "fifo":  # its peak is below the offered rate: the queue would only grow
+                continue
+            for phase, sat in (("fresh", 0), ("after_saturation", 64)):
+                r = simulate_open(lengths, sch, rate, seconds, coef, saturate_clients=sat)
+                entry[phase] = {
+                    "p50_ms": round(r.p50 * 1000, 1),
+                    "p99_ms": round(r.p99 * 1000, 1),
+                    "p99/p50": round(r.p99 / r.p50, 2),
+                    "max_wait_ms": round(r.max_wait * 1000, 1),
+                    "max_batch_ms": round(r.max_batch_s * 1000, 1),
+                    "max_wait/max_batch": round(r.max_wait / r.max_batch_s, 2),
+                    "busy_share": round(r.busy_share, 3),
+                    "mean_batch": round(r.mean_batch, 1),
+                    "buckets": r.by_bucket(),
+                }
+        row["adaptive/adaptive-v1 peak"] = round(peaks["adaptive"] / peaks["adaptive-v1"], 3)
+        row["adaptive/fifo peak"] = round(peaks["adaptive"] / peaks["fifo"], 3)
+        out[name] = row
+    return out
+
+
 if __name__ == "__main__":
     for wl, row in report().items():
         print(wl, row)
+    for wl, row in tail_report().items():
+        print(wl, row["rate_per_s"], row["adaptive/adaptive-v1 peak"], row["adaptive/fifo peak"])
+        for sch in SCHEDULERS[:2]:
+            for phase in ("fresh", "after_saturation"):
+                e = {k: v for k, v in row[sch][phase].items() if k != "buckets"}
+                print(f"  {sch:12} {phase:17} {e}")

@@ -25,6 +25,12 @@ Batch formation (``scheduler="adaptive"``), each time the worker is free:
 4. The batch is dispatched when it is full, when its oldest item waited ``max_queue_delay``, when the seed's
    deadline is close, or when draining; otherwise the worker waits for more arrivals.
 
+Tail bound (``scheduler="adaptive"`` only): once the seed has waited ``overdue_factor`` x the recent batch
+time, its batch is, of the windows within ``overdue_tolerance`` of the best efficiency, the one with the most
+items (a backlog is served in wide batches even when the cost model undervalues batching), and the cost
+model keeps its observations per (batch size, length) cell. ``scheduler="adaptive-v1"`` is the adaptive
+scheduler without either (the benchmark's baseline).
+
 ``scheduler="fifo"`` is plain dynamic batching (oldest first, up to ``max_batch_size``), kept for comparison.
 """
 
@@ -168,13 +174,24 @@ class CostModel:
     """Online estimate of batch latency ``t(n, L)`` in seconds.
 
     Features ``[1, n, n*L, n*L^2]``; coefficients are fitted by non-negative least squares on relative error
-    over the most recent observations (a ring buffer), refitted every few observations.
+    over the most recent observations, refitted every few observations.
+
+    ``stratified=False`` (the ``adaptive-v1`` scheduler): one ring buffer of the last ``window`` observations.
+    After a burst of large batches it holds nothing else, so the fixed cost ``c0`` cannot be told apart from
+    the per-item cost ``c1`` and a fit with ``c0 ~ 0`` explains the data as well; the scheduler then sees no
+    gain in batching, forms small batches, only ever observes small batches of one size, and stays there.
+    ``stratified=True`` (default): the most recent ``window // 16`` observations per cell of
+    (log2 batch size, log2 padded length), so observations at other sizes and lengths (the warm-up's, a
+    quiet period's) stay in the fit until newer ones of the same cell replace them.
     """
 
     FEATURES = 4
 
-    def __init__(self, window: int = 512, refit_every: int = 8) -> None:
+    def __init__(self, window: int = 512, refit_every: int = 8, stratified: bool = True) -> None:
         self._obs: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._cells: dict[tuple[int, int], deque[tuple[int, int, float]]] | None = {} if stratified else None
+        self._cell_size = max(8, window // 16)
+        self._count = 0
         self._refit_every = refit_every
         self._since_fit = 0
         # A weak prior, only used until the first fit: 0.5 ms + 2 us per padded token.
@@ -194,14 +211,26 @@ class CostModel:
         if seconds <= 0 or n <= 0:
             return
         with self._lock:
-            self._obs.append((n, max(1, length), seconds))
+            ob = (n, max(1, length), seconds)
+            if self._cells is None:
+                self._obs.append(ob)
+            else:
+                cell = (n.bit_length(), ob[1].bit_length())
+                self._cells.setdefault(cell, deque(maxlen=self._cell_size)).append(ob)
+            self._count += 1
             self._since_fit += 1
-            if self._since_fit >= (1 if len(self._obs) < 32 else self._refit_every):
+            if self._since_fit >= (1 if self._count < 32 else self._refit_every):
                 self._fit()
+
+    def observations(self) -> list[tuple[int, int, float]]:
+        """The (n, padded length, seconds) observations the fit uses."""
+        if self._cells is None:
+            return list(self._obs)
+        return [ob for cell in self._cells.values() for ob in cell]
 
     def _fit(self) -> None:
         self._since_fit = 0
-        obs = np.array(self._obs, dtype=np.float64)
+        obs = np.array(self.observations(), dtype=np.float64)
         if len(obs) < 2:
             return
         n, length, y = obs[:, 0], obs[:, 1], obs[:, 2]
@@ -303,10 +332,12 @@ class BatchingConfig:
     token_budget: int = 8192
     max_length: int = 512
     buckets: Sequence[int] | None = None
-    scheduler: str = "adaptive"  # adaptive | fifo
+    scheduler: str = "adaptive"  # adaptive | adaptive-v1 | fifo
     aging_s: float = 0.1
     cross_bucket_gain: float = 0.10  # a cross-bucket window must be this much faster to win
     urgent_factor: float = 2.0  # an item is at risk when slack < factor * recent batch time
+    overdue_factor: float = 2.0  # adaptive: a seed older than factor * recent batch time is overdue
+    overdue_tolerance: float = 0.03  # an overdue seed's batch: the most items within this of the best score
 
 
 class BatchObserver(Protocol):
@@ -335,7 +366,7 @@ class BatchQueue:
     ) -> None:
         self.cfg = config
         self.clock = clock
-        self.cost = cost_model or CostModel()
+        self.cost = cost_model or CostModel(stratified=config.scheduler != "adaptive-v1")
         self.buckets = BucketPolicy(config.max_length, config.buckets)
         self.observer: BatchObserver = observer or _NullObserver()
         self._items: list[WorkItem] = []
@@ -497,6 +528,45 @@ class BatchQueue:
                 best = (score, a, b, stopped or n >= n_max)
         return best
 
+    def overdue_age(self) -> float:
+        """Virtual age (``now - vkey``) from which the seed's batch is its bucket's widest window."""
+        return max(self.cfg.max_queue_delay_s, self.cfg.overdue_factor * self.recent_batch_s)
+
+    def _widest(
+        self, cands: list[WorkItem], i: int, lo: int, hi: int, now: float, deadline: float, floor: float
+    ) -> tuple[float, int, int, bool]:
+        """Of the windows of cands[lo:hi] (sorted by length) containing i whose efficiency (see
+        :meth:`_window`) is at least ``floor``, the one with the most items -> (score, a, b, full)."""
+        best = (-1.0, i, i, False)
+        bmax, budget = self.cfg.max_batch_size, self.budget
+        c0, c1, c2, c3 = (float(x) for x in self.cost.coef)
+        right_val = 0.0
+        for b in range(i, hi):
+            length = max(1, cands[b].length)
+            right_val += cands[b].est_cost
+            n_max = max(1, min(bmax, budget // length))
+            n = b - i + 1
+            if n > n_max:
+                break
+            per_item = c1 + length * (c2 + length * c3)
+            t = max(c0 + n * per_item, 1e-9)
+            if b > i and now + t > deadline:
+                break
+            val, a = right_val, i
+            score = val / t
+            ok = (score, a) if score >= floor else None
+            while a > lo and n < n_max:
+                v2, t2 = val + cands[a - 1].est_cost, t + per_item
+                s2 = v2 / t2
+                if s2 < floor and s2 < score:
+                    break
+                a, n, val, t, score = a - 1, n + 1, v2, t2, s2
+                if score >= floor:
+                    ok = (score, a)
+            if ok is not None and (b - ok[1] > best[2] - best[1] or best[0] < 0):
+                best = (ok[0], ok[1], b, True)
+        return best
+
     def _form(self, now: float) -> tuple[list[WorkItem], int, bool]:
         seed = self._seed(now)
         cands = [it for it in self._items if it.key == seed.key]
@@ -511,6 +581,11 @@ class BatchQueue:
         lo = bisect.bisect_left(lengths, lo_len)
         hi = bisect.bisect_right(lengths, hi_len)
         best = self._window(cands, i, lo, hi, now, seed.deadline)
+        if self.cfg.scheduler == "adaptive" and now - seed.vkey >= self.overdue_age():
+            floor = best[0] * (1.0 - self.cfg.overdue_tolerance)
+            wide = self._widest(cands, i, lo, hi, now, seed.deadline, floor)
+            if wide[0] >= 0 and wide[2] - wide[1] > best[2] - best[1]:
+                best = wide
         if not best[3] and (lo > 0 or hi < len(cands)):
             alt = self._window(cands, i, 0, len(cands), now, seed.deadline)
             if alt[0] > best[0] * (1.0 + self.cfg.cross_bucket_gain):

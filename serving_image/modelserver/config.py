@@ -112,8 +112,10 @@ class Settings:
     token_budget: int = _opt(8192, "maximum padded tokens (batch size x padded length) per batch", "int")
     scheduler: str = _opt(
         "adaptive",
-        "batch formation: adaptive (buckets + token budget + cost model) or fifo (plain dynamic batching)",
-        choices=("adaptive", "fifo"),
+        "batch formation: adaptive (buckets + token budget + cost model, bounded passing-over),"
+        " adaptive-v1 (the adaptive scheduler before the tail bound, for comparison) or fifo (plain"
+        " dynamic batching)",
+        choices=("adaptive", "adaptive-v1", "fifo"),
     )
     priority_levels: int = _opt(3, "number of priority levels (1 = highest)", "int")
     default_priority: int = _opt(2, "priority of requests that do not set one", "int")
