@@ -1,4 +1,11 @@
-"""Prometheus metrics: the contract in DESIGN.md section 2, plus process metrics. Labels: model, version."""
+"""Prometheus metrics of the inference server, labelled ``model`` and ``version``.
+
+The contract is in docs/server.md (Operations, Metrics; ``tests/unit/server/test_app.py`` checks it):
+requests by code, request latency, queue wait per item, batch size, inference time and padding ratio per
+batch, queue depth, rejections by reason; plus the process, platform and GC collectors. ``Metrics`` is
+the batching queue's observer (``on_reject``, ``on_depth``); ``ModelService.on_batch`` observes the
+per-batch figures and the queue waits.
+"""
 
 from __future__ import annotations
 

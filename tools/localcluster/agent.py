@@ -3,8 +3,12 @@
 It watches pods bound to any node, takes those whose image maps to a local command
 (:mod:`localcluster.images`), and for each one:
 
-* gives it a pod IP from a loopback range and starts every container as a local process (own process
-  group) with the container's command, args and env, told to bind to the pod IP;
+* gives it a pod IP of the cluster's pod network (:mod:`localcluster.podnet`: ``10.244.N.0/24``, added to
+  the one network namespace all pods share) and starts every container as a local process inside that
+  namespace (``ip netns exec``, own process group) with the container's command, args and env (values
+  from fields, Secrets and ConfigMaps resolved; ``KUBECONFIG`` a kubeconfig with the pod's service-account
+  token), told to bind to the pod IP; a container of an unmapped image (a sidecar) is reported running
+  and not run;
 * probes it (startup, readiness, liveness: httpGet, tcpSocket, exec) and writes pod status like a
   kubelet: phase, podIP, container states, restart counts, ``ContainersReady`` and ``Ready``, where
   ``Ready`` also requires every ``spec.readinessGates`` condition to be True;

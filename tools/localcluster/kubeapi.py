@@ -1,8 +1,11 @@
-"""A thin synchronous Kubernetes REST client for the local cluster's own tools (agent, bring-up).
+"""A thin synchronous Kubernetes REST client (httpx) for the local cluster's tooling: the node agent,
+bring-up, the demo, the test fixtures (``localcluster.testing``) and the operator benchmark.
 
-It speaks to the apiserver with the client certificate of a kubeconfig written by ``localcluster``;
-the operator and the tests use real client libraries, this exists so the cluster tooling has no
-dependency on them and full control over patch types and watches.
+It reads a kubeconfig's current context and authenticates with its client certificate (the kubeconfigs
+``localcluster`` writes) or, when the user has one, its bearer token (e.g. a service account's).
+JSON in, JSON out: get, create, strategic-merge patch, delete (a 404 is None) and a watch stream; plus
+:func:`ready_endpoints`, a Service's ready EndpointSlice addresses. The operator has its own client
+(``modeldeploy.kube``); this one keeps the cluster tooling free of any Kubernetes client library.
 """
 
 from __future__ import annotations
