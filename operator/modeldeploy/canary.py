@@ -53,6 +53,7 @@ from .api import (
     Measurement,
     ModelDeployment,
     ModelDeploymentSpec,
+    Role,
     RolloutSpec,
     parse_duration,
 )
@@ -61,7 +62,6 @@ from .status import PodFacts, RevisionCounts
 COMMAND_ANNOTATION = "modeldeploy.io/command"
 MIN_REQUEUE = 0.5
 
-Role = Literal["stable", "canary", "previous", "old"]
 RolloutResult = Literal["promoted", "rolled_back", "failed_back", "aborted", "superseded", "deployed"]
 
 #: a revision whose latest history entry is one of these stays out of traffic until the spec changes
