@@ -27,6 +27,9 @@ while (($#)); do
 done
 
 root="$(mktemp -d "${TMPDIR:-/tmp}/modeldeploy-rehearsal.XXXXXX")"
+# this machine's binary cache, where --seed-cache copies to (the run itself uses an empty one)
+own_bin_cache="${MODELDEPLOY_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modeldeploy}"
+# shellcheck disable=SC2317  # called by the trap
 cleanup() {
   if ((keep)); then
     echo "rehearsal: kept $root" >&2
@@ -49,7 +52,7 @@ if ((cold_pip)); then
   export PIP_CACHE_DIR="$root/pipcache"
   echo "rehearsal: pip cache EMPTY ($PIP_CACHE_DIR)"
 else
-  echo "rehearsal: pip cache WARM as this machine has it ($pip_cache: $(du -sh "$pip_cache" 2>/dev/null | cut -f1 || echo empty))"
+  echo "rehearsal: pip cache as this machine has it, not emptied ($pip_cache: $(du -sh "$pip_cache" 2>/dev/null | cut -f1 || echo 0))"
 fi
 echo "rehearsal: commit $(git -C "$root/main" rev-parse --short HEAD); Go module, Go build and binary caches empty under $root"
 
@@ -58,9 +61,9 @@ start=$(date +%s)
 set +e
 (
   cd "$root/main"
-  export CI=true GOMODCACHE="$root/gomodcache" GOCACHE="$root/gocache" MODELDEPLOY_BIN_CACHE="$root/bincache"
+  export CI=true GOMODCACHE="$root/gomodcache" GOCACHE="$root/gocache"
   unset VIRTUAL_ENV
-  bash .ci/run </dev/null 2>&1 | while IFS= read -r line; do
+  MODELDEPLOY_BIN_CACHE="$root/bincache" bash .ci/run </dev/null 2>&1 | while IFS= read -r line; do
     printf '[%4ds] %s\n' "$(($(date +%s) - start))" "$line"
   done
   exit "${PIPESTATUS[0]}"
@@ -72,7 +75,7 @@ wall=$(($(date +%s) - start))
 echo "rehearsal: .ci/run exited $rc after ${wall}s ($((wall / 60)) min $((wall % 60)) s)"
 grep -E '^\[ *[0-9]+s\] (built |=+ .*(passed|failed|error))' "$log" || true
 if ((rc == 0 && seed)); then
-  dest="${MODELDEPLOY_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modeldeploy}/store"
+  dest="$own_bin_cache/store"
   mkdir -p "$dest" && cp -a "$root/bincache/store/." "$dest/"
   echo "rehearsal: copied the built binaries into $dest"
 fi
