@@ -106,6 +106,15 @@ def _live_revision_specs(md: ModelDeployment, deployments: Sequence[Mapping[str,
 # ---------------------------------------------------------------------------------------------- plan
 
 
+def route_weight(decision: canary.Decision, counts: Mapping[str, RevisionCounts]) -> int | None:
+    """The canary's weight in the HTTPRoute: the requested one once a pod of the canary is Ready, 0
+    before -- the route never weights a backend without a ready endpoint (a gateway would answer 503;
+    KServe #5983)."""
+    if decision.canary is None or decision.weight is None:
+        return decision.weight
+    return decision.weight if counts.get(decision.canary, RevisionCounts()).in_traffic > 0 else 0
+
+
 def plan(
     md: ModelDeployment, observed: Observed, now: datetime, measure: canary.Measure | None = None
 ) -> Plan:
@@ -132,7 +141,8 @@ def plan(
         desired.append(builders.build_revision_service(md, t.revision))
     desired.append(builders.build_pdb(md))
     if md.spec.rollout.traffic_routing.mode == "gatewayAPI":
-        desired.append(routing.build_httproute(md, decision.stable, decision.canary, decision.weight))
+        weight = route_weight(decision, counts)
+        desired.append(routing.build_httproute(md, decision.stable, decision.canary, weight))
     desired_names = {(o["kind"], o["metadata"]["name"]) for o in desired}
 
     # -- owned children that no longer belong
@@ -195,7 +205,7 @@ def compute_status(
     achieved = None
     if decision.canary is not None:
         if decision.routing_mode == "gatewayAPI":
-            achieved = decision.weight  # exact: the route's weights
+            achieved = route_weight(decision, counts)  # exact: the route's weights
         else:
             canary_in = counts.get(decision.canary, RevisionCounts()).in_traffic
             stable_in = counts.get(decision.stable, RevisionCounts()).in_traffic

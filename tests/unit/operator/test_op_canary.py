@@ -472,6 +472,22 @@ def test_gateway_api_mode_writes_exact_weights_in_an_httproute():
     assert w.fake.obj("Service", f"minilm-{new}") is None
 
 
+def test_gateway_api_mode_weights_the_canary_only_once_a_pod_of_it_is_ready():
+    """No weight on a backend without a ready endpoint: a real gateway would answer 503 (KServe #5983)."""
+    body = canary_md(trafficRouting={"mode": "gatewayAPI", "gatewayAPI": {"parentRefs": [{"name": "gw"}]}})
+    w = World(body)
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.rec.reconcile("default", "minilm")  # the canary's Deployment exists, no pod of it yet
+    refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
+    assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{old}", 100), (f"minilm-{new}", 0)]
+    assert w.status["canaryWeight"] == 25 and w.status["achievedCanaryWeight"] == 0
+    w.reconcile()  # its pod comes up and is gated into traffic
+    refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
+    assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{old}", 75), (f"minilm-{new}", 25)]
+    assert w.status["achievedCanaryWeight"] == 25
+
+
 def test_revision_services_and_deployment_labels_stay_per_revision():
     w = World()
     old = w.deploy_first()
