@@ -38,6 +38,12 @@ ROLLOUTS = Counter(
     "Rollout decisions: deployed, promoted, rolled_back, failed_back, aborted, superseded.",
     ["result"],
 )
+# Known label values start at 0, so a dashboard (or a test) tells "none yet" from "no such series".
+for _result in ("changed", "unchanged", "gone", "error", "invalid"):
+    RECONCILES.labels(result=_result)
+for _result in ("deployed", "promoted", "rolled_back", "failed_back", "aborted", "superseded"):
+    ROLLOUTS.labels(result=_result)
+
 LEADER = Gauge("modeldeploy_peering_active", "1 when this replica is the active one (peering), else 0.")
 
 

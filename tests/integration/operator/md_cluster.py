@@ -110,8 +110,9 @@ class OperatorProcess:
             return r.read().decode()
 
     def metric(self, name: str, **labels: str) -> float:
+        """Sum of the series of ``name`` with ``labels``; a missing series is an error, never 0."""
         want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        total = 0.0
+        total, found = 0.0, False
         for line in self.metrics().splitlines():
             if line.startswith("#"):
                 continue
@@ -121,7 +122,9 @@ class OperatorProcess:
                 continue
             if want and not all(part in rest for part in want.split(",")):
                 continue
-            total += float(value)
+            total, found = total + float(value), True
+        if not found:
+            raise LookupError(f"no series {name}{{{want}}} in the operator's /metrics")
         return total
 
     def healthy(self) -> bool:

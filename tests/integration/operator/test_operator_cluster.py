@@ -265,8 +265,13 @@ def test_unschedulable_pods_are_reported(kube, operator, namespace):
     assert obj["status"]["phase"] == "Degraded"
     (rev,) = obj["status"]["revisions"]
     assert rev["unschedulableReplicas"] == 1 and "nvidia.com/gpu" in rev["schedulingMessage"]
-    ev = [e for e in events(kube, namespace, "greedy") if e["reason"] == "Unschedulable"]
-    assert ev and ev[0]["type"] == "Warning" and "Insufficient nvidia.com/gpu" in ev[0]["message"]
+    # the event is posted after the status is written (best effort, its own request): wait for it
+    ev = wait_for(
+        lambda: [e for e in events(kube, namespace, "greedy") if e["reason"] == "Unschedulable"],
+        timeout=30,
+        what="the Unschedulable event",
+    )
+    assert ev[0]["type"] == "Warning" and "Insufficient nvidia.com/gpu" in ev[0]["message"]
 
 
 def test_two_replicas_never_both_act(kube, operator: OperatorProcess, namespace, tmp_path):
