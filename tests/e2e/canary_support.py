@@ -12,15 +12,20 @@ Routing of the load generator:
   ready endpoint of that revision Service's EndpointSlices.
 
 It is bounded both by a request count and by wall time, and only talks to pod IPs (the local pod
-network). Every request is recorded: time, pod IP, revision of that pod, HTTP status.
+network). Every attempt is recorded: time, pod IP, revision of that pod, HTTP status and the
+``model_version`` of the answer. An attempt that finds no ready endpoint is a failure of its own kind
+(``no_endpoint``), not a pause; 4xx answers are failures too (counted apart: the inputs are valid).
+Nothing is swallowed: a worker that dies, or routing that could not be refreshed for longer than
+:data:`STALE_ROUTING_S`, makes :meth:`LoadGenerator.stop` raise :class:`LoadGeneratorError`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import math
 import random
 import threading
 import time
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +35,14 @@ from localcluster.testing import Kube
 
 GROUP_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}"
 POISON = "POISON"
+#: routing older than this (consecutive refresh failures) fails the load generator
+STALE_ROUTING_S = 2.0
+#: code recorded for an attempt that found no ready endpoint (0 is a connection error)
+NO_ENDPOINT = -1
+
+
+class LoadGeneratorError(AssertionError):
+    """The load generator itself failed (a worker died, routing went stale): its records can't be trusted."""
 
 
 def noop_md(name: str, version: str, uri: str, **rollout: Any) -> dict[str, Any]:
@@ -67,9 +80,21 @@ def noop_md(name: str, version: str, uri: str, **rollout: Any) -> dict[str, Any]
 @dataclass
 class Record:
     t: float  # time.monotonic()
-    ip: str
-    revision: str | None
-    code: int  # HTTP status, 0 on a connection error
+    ip: str  # "" when no endpoint was ready
+    revision: str | None  # of the pod that answered (from its labels)
+    code: int  # HTTP status; 0: connection error; NO_ENDPOINT: nothing to send to
+    version: str | None = None  # model_version in the answer's body (200 only)
+
+    @property
+    def kind(self) -> str:
+        """ok | http_4xx | http_5xx | connection_error | no_endpoint"""
+        if self.code == 200:
+            return "ok"
+        if self.code == NO_ENDPOINT:
+            return "no_endpoint"
+        if self.code == 0:
+            return "connection_error"
+        return "http_4xx" if 400 <= self.code < 500 else "http_5xx"
 
 
 @dataclass
@@ -108,6 +133,9 @@ class LoadGenerator:
         self._threads: list[threading.Thread] = []
         self._sent = 0
         self.started = 0.0
+        self.errors: list[str] = []  # tracebacks of dead workers, stale routing
+        self.refresh_errors = 0  # transient (routing kept, younger than STALE_ROUTING_S)
+        self._refreshed_at = 0.0
 
     # -- routing
     def _slices(self, service: str) -> list[str]:
@@ -147,28 +175,50 @@ class LoadGenerator:
             r.endpoints["*"] = self._slices(self.name)
         self.routing = r
 
-    def pick(self, rnd: random.Random) -> str | None:
+    def pick(self, rnd: random.Random) -> tuple[str | None, str | None]:
+        """(revision routed to, ready endpoint IP): the IP is None when that backend has no ready
+        endpoint; the revision is None in ``replicas`` mode (the Service spans every revision)."""
         r = self.routing
         if self.mode == "gatewayAPI":
             total = sum(w for _, w in r.weights)
             if total <= 0:
-                return None
+                return None, None
             x = rnd.uniform(0, total)
             for rev, w in r.weights:
                 x -= w
                 if x <= 0:
                     ips = r.endpoints.get(rev) or []
-                    return rnd.choice(ips) if ips else None
-            return None
+                    return rev, rnd.choice(ips) if ips else None
+            return None, None
         ips = r.endpoints.get("*") or []
-        return rnd.choice(ips) if ips else None
+        return None, rnd.choice(ips) if ips else None
 
     # -- load
     def _refresher(self) -> None:
         while not self._stop.is_set():
-            with contextlib.suppress(Exception):  # a transient apiserver error: keep the last routing
+            try:
                 self.refresh()
+                self._refreshed_at = time.monotonic()
+            except Exception:
+                # keep the last routing for a moment (a transient apiserver error), never longer
+                stale = time.monotonic() - self._refreshed_at
+                with self._lock:
+                    self.refresh_errors += 1
+                    if stale > STALE_ROUTING_S:
+                        self.errors.append(f"routing stale for {stale:.1f}s:\n{traceback.format_exc()}")
+                        self._stop.set()
             self._stop.wait(0.1)
+
+    def _guarded(self, seed: int) -> None:
+        try:
+            self._worker(seed)
+        except BaseException:
+            with self._lock:
+                self.errors.append(f"worker {seed} died:\n{traceback.format_exc()}")
+
+    def _record(self, rec: Record) -> None:
+        with self._lock:
+            self.records.append(rec)
 
     def _worker(self, seed: int) -> None:
         rnd = random.Random(seed)
@@ -179,8 +229,9 @@ class LoadGenerator:
                     if self._sent >= self.max_requests or time.monotonic() - self.started > self.max_seconds:
                         return
                     self._sent += 1
-                ip = self.pick(rnd)
-                if ip is None:
+                routed, ip = self.pick(rnd)
+                if ip is None:  # revision: the backend the route chose, if any
+                    self._record(Record(time.monotonic(), "", routed, NO_ENDPOINT))
                     time.sleep(0.05)
                     continue
                 i += 1
@@ -188,31 +239,40 @@ class LoadGenerator:
                 if self.poison_share and rnd.random() < self.poison_share:
                     text += f" {POISON}"
                 body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+                version = None
                 try:
-                    code = client.post(f"http://{ip}:8080/v2/models/echo/infer", json=body).status_code
+                    resp = client.post(f"http://{ip}:8080/v2/models/echo/infer", json=body)
+                    code = resp.status_code
+                    if code == 200:
+                        version = resp.json().get("model_version")
                 except httpx.HTTPError:
                     code = 0
-                rec = Record(time.monotonic(), ip, self.routing.ip_revision.get(ip), code)
-                with self._lock:
-                    self.records.append(rec)
+                self._record(Record(time.monotonic(), ip, self.routing.ip_revision.get(ip), code, version))
                 if self.pause:
                     time.sleep(self.pause)
 
     def start(self) -> LoadGenerator:
         self.started = time.monotonic()
         self.refresh()
+        self._refreshed_at = time.monotonic()
         self._threads = [threading.Thread(target=self._refresher, daemon=True)]
         self._threads += [
-            threading.Thread(target=self._worker, args=(i,), daemon=True) for i in range(self.workers)
+            threading.Thread(target=self._guarded, args=(i,), daemon=True) for i in range(self.workers)
         ]
         for t in self._threads:
             t.start()
         return self
 
     def stop(self) -> None:
+        """Stop and join; raises :class:`LoadGeneratorError` if a worker died or routing went stale."""
         self._stop.set()
         for t in self._threads:
             t.join(timeout=10)
+        alive = [t.name for t in self._threads if t.is_alive()]
+        if alive:
+            self.errors.append(f"threads still running 10 s after stop: {alive}")
+        if self.errors:
+            raise LoadGeneratorError("load generator failed:\n" + "\n".join(self.errors))
 
     # -- what it saw
     def snapshot(self, since: float = 0.0) -> list[Record]:
@@ -220,15 +280,51 @@ class LoadGenerator:
             return [r for r in self.records if r.t >= since]
 
     def by_revision(self, since: float = 0.0) -> Counter[str | None]:
-        return Counter(r.revision for r in self.snapshot(since))
+        """Answers (any status) by the revision of the pod that gave them; attempts with no endpoint are
+        in :meth:`by_kind`."""
+        return Counter(r.revision for r in self.snapshot(since) if r.kind != "no_endpoint")
+
+    def by_kind(self, since: float = 0.0) -> Counter[str]:
+        """Attempts by outcome: ok, http_4xx, http_5xx, connection_error, no_endpoint."""
+        return Counter(r.kind for r in self.snapshot(since))
 
     def failed_share(self, since: float = 0.0) -> float:
+        """Share of attempts not answered 200 (4xx, 5xx, connection errors and no ready endpoint alike)."""
         recs = self.snapshot(since)
-        return sum(1 for r in recs if r.code >= 500 or r.code == 0) / len(recs) if recs else 0.0
+        return sum(1 for r in recs if r.kind != "ok") / len(recs) if recs else 0.0
+
+    def answered_only_by(self, revision: str, version: str, since: float) -> list[Record]:
+        """The attempts since ``since`` that were NOT answered 200 by ``revision`` with ``version``."""
+        return [
+            r
+            for r in self.snapshot(since)
+            if not (r.code == 200 and r.revision == revision and r.version == version)
+        ]
 
     def last_seen(self, revision: str) -> float | None:
         ts = [r.t for r in self.snapshot() if r.revision == revision]
         return max(ts) if ts else None
+
+
+def binomial_p_value(k: int, n: int, p: float) -> float:
+    """Exact two-sided binomial test: the probability, if each of ``n`` trials succeeds with probability
+    ``p``, of an outcome no more likely than ``k`` successes."""
+    if n == 0:
+        return 1.0
+    if p <= 0.0 or p >= 1.0:
+        return 1.0 if k == round(p * n) else 0.0
+
+    def logpmf(i: int) -> float:
+        return (
+            math.lgamma(n + 1)
+            - math.lgamma(i + 1)
+            - math.lgamma(n - i + 1)
+            + i * math.log(p)
+            + (n - i) * math.log1p(-p)
+        )
+
+    observed = logpmf(k)
+    return min(1.0, sum(math.exp(lp) for i in range(n + 1) if (lp := logpmf(i)) <= observed + 1e-9))
 
 
 def md_status(kube: Kube, ns: str, name: str) -> dict[str, Any]:

@@ -3,7 +3,10 @@ model with knobs: good, erroring, slow, failing on a marker text), the real Prom
 every second, and a bounded load generator routing like a client would (tests/e2e/canary_support.py).
 
 Short intervals (6 s) and steps [25, 50, 100] keep the file to a few minutes. Times are measured and
-printed (and written to $CANARY_E2E_REPORT when set), never asserted.
+printed (and written to $CANARY_E2E_REPORT when set), never asserted. What clients saw is asserted: no
+4xx, no attempt without a ready endpoint, failures only from a bad revision, the split each step's
+clients saw against the achieved weight (exact binomial test), and after a rollback or failback decision
+(plus SETTLE_S for endpoints and routes to propagate) every request answered 200 by the stable revision.
 """
 
 from __future__ import annotations
@@ -21,11 +24,16 @@ from typing import Any
 import pytest
 from localcluster.testing import Kube, wait_for
 
-from .canary_support import LoadGenerator, events, md_status, noop_md, pids
+from .canary_support import LoadGenerator, binomial_p_value, events, md_status, noop_md, pids
 
 NAME = "echo"
 GOOD = "noop://?delay_ms=2"
 REPORT: dict[str, Any] = {}
+#: after a rollback/failback decision is in status, the time for readiness gates, EndpointSlices and
+#: the load generator's routing (refreshed every 100 ms) to follow; docs/operator.md states it
+SETTLE_S = 3.0
+#: a step's split is rejected below this p-value (exact two-sided binomial test, one test per step)
+SPLIT_ALPHA = 1e-4
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,6 +107,61 @@ def outcome_is(revision: str, outcome: str) -> Any:
     return lambda st: (h := last_history(st, revision)) is not None and h["outcome"] == outcome
 
 
+def judged_windows(kube: Kube, ns: str, revision: str) -> dict[str, int]:
+    """Analysis events about ``revision``: one per judged window (AnalysisPassed / AnalysisFailed) or
+    held one (AnalysisHold, no data)."""
+    reasons = ("AnalysisPassed", "AnalysisFailed", "AnalysisHold")
+    out = dict.fromkeys(reasons, 0)
+    for e in events(kube, ns, NAME):
+        if e["reason"] in reasons and e["message"].startswith(f"revision {revision} "):
+            out[e["reason"]] += int(e.get("count") or 1)
+    return out
+
+
+def only_stable_after(load: LoadGenerator, since: float, revision: str, version: str) -> int:
+    """Let the load run ``SETTLE_S`` plus 3 s past ``since``; assert every attempt after the settling
+    window was answered 200 by ``revision`` (pod label) with ``version`` (answer body). Returns the count."""
+    settled = since + SETTLE_S
+    wait_for(
+        lambda: len(load.snapshot(settled + 3.0)) > 0 or None,
+        timeout=30,
+        what="load after the settling window",
+    )
+    recs = load.snapshot(settled)
+    wrong = load.answered_only_by(revision, version, settled)
+    assert recs and not wrong, (
+        f"{len(wrong)} of {len(recs)} after settling not 200 from {revision}: {wrong[:5]}"
+    )
+    return len(recs)
+
+
+def split_seen(load: LoadGenerator, w: Watcher, canary: str) -> list[dict[str, Any]]:
+    """Per canary state seen in status (step, requested, achieved): the canary share the clients saw from
+    1 s after the state appeared until 0.5 s before the next one, against the achieved weight, with the
+    exact binomial test's p-value. ``tested``: the state lasted long enough (3 s) to be tested."""
+    out = []
+    ends = [s[0] for s in w.seen[1:]] + [time.monotonic()]
+    for (t0, step, requested, achieved), t1 in zip(w.seen, ends, strict=True):
+        if step is None:
+            continue
+        recs = [r for r in load.snapshot(t0 + 1.0) if r.t < t1 - 0.5 and r.code == 200]
+        k = sum(1 for r in recs if r.revision == canary)
+        p = (achieved if achieved is not None else requested) / 100
+        out.append(
+            {
+                "step": step,
+                "requested": requested,
+                "achieved": achieved,
+                "seconds": round(t1 - t0, 1),
+                "tested": t1 - t0 >= 3.0,
+                "requests": len(recs),
+                "canary_share": round(k / len(recs), 3) if recs else None,
+                "p_value": binomial_p_value(k, len(recs), p),
+            }
+        )
+    return out
+
+
 def wall_to_mono(ts: str) -> float:
     t = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
     return t - (time.time() - time.monotonic())
@@ -130,18 +193,30 @@ def test_good_revision_is_promoted_through_every_step(
     finally:
         load.stop()
     steps = w.steps()
-    print(f"{mode}: states seen {steps}; promoted after {took:.1f}s; load {load.by_revision()}")
+    split = split_seen(load, w, v2)
+    print(
+        f"{mode}: states seen {steps}; promoted after {took:.1f}s; load {load.by_revision()}; split {split}"
+    )
     REPORT[f"scenario1_{mode}"] = {
         "states_seen(step,requested,achieved)": steps,
         "promoted_after_s": round(took, 1),
         "requests_by_revision": dict(load.by_revision()),
-        "failed_share": load.failed_share(),
+        "requests_by_kind": dict(load.by_kind()),
+        "split_seen_by_clients": split,
     }
+    no_endpoint = [(round(r.t - started, 2), r.revision) for r in load.snapshot() if r.kind == "no_endpoint"]
+    assert set(load.by_kind()) == {"ok"}, (load.by_kind(), no_endpoint[:20], w.seen)
+    tested = [row for row in split if row["tested"]]
+    assert {row["step"] for row in tested} == {0, 1, 2}, split  # every step held long enough to test
+    for row in tested:
+        assert row["requests"] >= 20, row  # enough traffic to test the split
+        assert row["p_value"] >= SPLIT_ALPHA, row
     assert list(dict.fromkeys(s[:2] for s in steps)) == [(0, 25), (1, 50), (2, 100)]
     if mode == "replicas":
         assert {s[2] for s in steps if s[0] == 0} >= {33}  # 1 canary pod next to 2 stable pods
     else:
-        assert list(dict.fromkeys(s[2] for s in steps)) == [25, 50, 100]  # exact route weights
+        # exact route weights; 0 until a canary pod is Ready (never weight on a backend without endpoints)
+        assert list(dict.fromkeys(s[2] for s in steps)) in ([25, 50, 100], [0, 25, 50, 100])
     assert st["stableRevision"] == v2 and st["previousRevision"] == v1 and not st.get("canaryRevision")
     assert [h["outcome"] for h in st["history"]][-1] == "Promoted"
     seen = load.by_revision()
@@ -193,18 +268,8 @@ def test_bad_revision_is_rolled_back(
         in_traffic = time.monotonic()
         st = w.until(outcome_is(v2, "RolledBack"), timeout=90, what="v2 rolled back")
         decided = time.monotonic()
-        # after the decision the load generator sees only the stable revision
-        wait_for(
-            lambda: (
-                (recs := load.snapshot(decided))
-                and len(recs) > 30
-                and all(r.revision == v1 for r in recs[-30:])
-            ),
-            timeout=30,
-            what="only the stable revision in the load",
-        )
+        after = only_stable_after(load, decided, v1, "1")
         last_v2 = load.last_seen(v2)
-        time.sleep(1)
     finally:
         load.stop()
     interval = 6.0
@@ -216,18 +281,28 @@ def test_bad_revision_is_rolled_back(
         "failed_share_whole_rollout": round(load.failed_share(rollout_start), 4),
         "requests": len(load.snapshot(rollout_start)),
         "requests_by_revision": dict(load.by_revision(rollout_start)),
+        "requests_by_kind": dict(load.by_kind(rollout_start)),
         "last_bad_response_after_decision_s": None if last_v2 is None else round(last_v2 - decided, 2),
+        "requests_after_settling_all_200_from_stable": after,
+        "analysis_events": judged_windows(kube, ns, v2),
         "measurement": h.get("measurement"),
     }
     REPORT[f"scenario_rollback_{metric}"] = fields
     print(f"{metric}: {fields}")
+    # clients: only the bad revision failed anyone, and only by its own fault (5xx); nothing else
+    failures = [r for r in load.snapshot(rollout_start) if r.kind != "ok"]
+    assert all(r.kind == "http_5xx" and r.revision == v2 for r in failures), failures[:5]
+    if metric == "p99-latency-ms":
+        assert not failures  # slow, not failing
     m = h["measurement"]
     assert m["metric"] == metric and m["value"] > m["threshold"] and m["query"]
     assert st["stableRevision"] == v1 and not st.get("canaryRevision")
     assert st["phase"] == "Degraded"
     deg = next(c for c in st["conditions"] if c["type"] == "Degraded")
     assert deg["status"] == "True" and deg["reason"] == "RolledBack"
-    # rolled back at the first judged window: the canary never got past its first step
+    # rolled back at the first judged window: one failed window, none passed (held windows had no data)
+    assert fields["analysis_events"]["AnalysisFailed"] == 1, fields["analysis_events"]
+    assert fields["analysis_events"]["AnalysisPassed"] == 0, fields["analysis_events"]
     evs = events(kube, ns, NAME)
     assert not [e for e in evs if e["reason"] == "StepAdvanced" and v2 in e["message"]]
     rb = [e for e in evs if e["reason"] == "RolledBack" and e["message"].startswith("revision")]
@@ -262,17 +337,8 @@ def test_bad_during_bake_fails_back_to_the_warm_previous(kube: Kube, operator: A
         h = last_history(st, v2)
         assert h is not None
         decision = wall_to_mono(h["time"])  # second precision: the decision is within [decision, +1s)
-        wait_for(
-            lambda: (
-                (recs := load.snapshot(observed))
-                and len(recs) > 30
-                and all(r.revision == v1 for r in recs[-30:])
-            ),
-            timeout=30,
-            what="only v1 in the load",
-        )
+        after = only_stable_after(load, observed, v1, "1")
         last_v2 = load.last_seen(v2) or observed
-        time.sleep(1)
     finally:
         load.stop()
     warm_after = pids(kube, ns, NAME, v1)
@@ -284,9 +350,14 @@ def test_bad_during_bake_fails_back_to_the_warm_previous(kube: Kube, operator: A
         "warm_pods_after": warm_after,
         "measurement": h.get("measurement"),
         "failed_share_after_promotion": round(load.failed_share(promoted_at), 4),
+        "requests_by_kind": dict(load.by_kind()),
+        "requests_after_settling_all_200_from_previous": after,
     }
     REPORT["scenario4_failback"] = fields
     print(f"failback: {fields}")
+    # the only failures anyone saw are v2's answers to the marker text (5xx)
+    failures = [r for r in load.snapshot() if r.kind != "ok"]
+    assert failures and all(r.kind == "http_5xx" and r.revision == v2 for r in failures), failures[:5]
     assert st["stableRevision"] == v1 and h["measurement"]["metric"] == "error-rate"
     # the warm pod went into traffic as it was: same process, no restart
     for pod, (cid, restarts) in warm_before.items():
@@ -402,6 +473,7 @@ def test_no_traffic_holds_then_fails_and_an_unreachable_prometheus_never_promote
     ms = [m for m in st["analysis"]["measurements"] if m["revision"] == v3]
     assert {m["verdict"] for m in ms} == {"Error"}
     assert st["step"] == 0 and st["stableRevision"] == v1 and load.by_revision()[v3] > 0
+    assert set(load.by_kind()) == {"ok"}, load.by_kind()
     REPORT["scenario5_prometheus_unreachable"] = {"windows_held": len(ms) // 3, "step": st["step"]}
 
 
@@ -513,8 +585,14 @@ def test_operator_killed_mid_rollout_resumes(
         "states_seen": w.steps(),
         "windows_judged(time,error-rate verdict)": windows,
         "history": outcomes,
+        "requests_by_kind": dict(load.by_kind()),
     }
     print(REPORT[f"scenario6_{'rollback' if bad else 'promote'}"])
+    # operator restarts never touch the data path: only the erroring canary ever fails a client
+    failures = [r for r in load.snapshot() if r.kind != "ok"]
+    assert all(r.kind == "http_5xx" and r.revision == v2 for r in failures), failures[:5]
+    if not bad:
+        assert not failures
     assert kills >= 2
     assert outcomes == [want]  # exactly one decision, no duplicate rollback or promotion
     assert all(g >= 5 for g in gaps), gaps  # no window judged twice (interval 6s, times truncated to 1s)
