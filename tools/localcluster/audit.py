@@ -1,4 +1,5 @@
-"""Reading the local apiserver's audit log (writes only, see ``config.AUDIT_POLICY``)."""
+"""Reading the local apiserver's audit log (``config.AUDIT_POLICY``: every write; every request of a
+non-system service account, reads included)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from .config import WRITE_VERBS
 
 
 def completed(path: Path) -> Iterator[dict[str, Any]]:
@@ -26,6 +29,7 @@ def writes_by_agents(path: Path, user_agents: tuple[str, ...], resources: set[st
     return [
         ev
         for ev in completed(path)
-        if ev.get("userAgent", "").startswith(user_agents)
+        if ev.get("verb") in WRITE_VERBS
+        and ev.get("userAgent", "").startswith(user_agents)
         and (ev.get("objectRef") or {}).get("resource") in resources
     ]

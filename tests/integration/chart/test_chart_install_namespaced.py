@@ -19,6 +19,7 @@ from chart_cluster import (
     RESTRICTED,
     Helm,
     Release,
+    Traffic,
     audit_events_of,
     audit_log,
     can_i,
@@ -180,22 +181,26 @@ def test_rbac_is_not_wider_than_needed(kube: Any, release: Release) -> None:
     assert not wrong, f"(verb, resource, namespace, subresource, expected): {wrong}"
 
 
+def _judged(kube: Any, ns: str, name: str, revision: str) -> list[dict[str, Any]]:
+    st = (kube.get(MD_PATH.format(ns=ns, name=name)) or {}).get("status") or {}
+    return [m for m in (st.get("analysis") or {}).get("measurements", []) if m["revision"] == revision]
+
+
 def test_canary_rollout_promoted_under_the_chart_rbac(kube: Any, release: Release) -> None:
     """A new model version goes through canary steps (readiness gates, analysis against Prometheus from the
-    pod network, promotion) with the chart's credentials. Scenario 1 of the progressive-delivery suite,
-    with traffic and a failing canary, runs under the same release via ``chart_cluster.install``."""
+    pod network, promotion) with the chart's credentials, under traffic and with no-data holding: it is
+    promoted only because Prometheus, queried by the operator pod, measured the canary and passed it."""
     ns = release.watched[0]
     old = kube.get(MD_PATH.format(ns=ns, name="echo"))["status"]["stableRevision"]
     body = noop_md("echo")
     body["spec"]["model"].update(version="2", uri="noop://chart?delay_ms=1")
     body["spec"]["rollout"] = {
         "steps": [50, 100],
-        "interval": "1s",
+        "interval": "3s",
         "bakeTime": "1s",
         "keepPrevious": {"replicas": 0, "ttl": "1m"},
-        "analysis": {"onNoData": "pass"},
+        "analysis": {"onNoData": "hold", "noDataTimeout": "10m", "minRequests": 5},
     }
-    kube.apply(body, namespace=ns)
 
     def promoted() -> dict[str, Any] | None:
         obj = md_ready(kube, ns, "echo")
@@ -210,7 +215,19 @@ def test_canary_rollout_promoted_under_the_chart_rbac(kube: Any, release: Releas
             else None
         )
 
-    wait_for(promoted, timeout=180, interval=0.5, what="version 2 promoted, the old revision gone")
+    with Traffic(kube, ns, "echo") as traffic:
+        kube.apply(body, namespace=ns)
+        obj = wait_for(promoted, timeout=180, interval=0.5, what="version 2 promoted, the old revision gone")
+    new = obj["status"]["stableRevision"]
+    # the canary windows were measured by Prometheus (no Error) and the promoting ones passed on real
+    # requests (held windows, if any, had too few yet)
+    measured = _judged(kube, ns, "echo", new)
+    assert measured and "Error" not in {m["verdict"] for m in measured}, measured
+    requests = [m for m in measured if m["metric"] == "requests" and m["verdict"] == "Pass"]
+    assert requests and all(m["value"] >= 5 for m in requests), measured
+    assert traffic.codes.get(200, 0) > 0, traffic.codes
+    passed = [e for e in events_from_operator(kube, ns, "echo") if e["reason"] == "AnalysisPassed"]
+    assert passed and all("modelserver_requests_total" in e["message"] for e in passed)
     assert "Promoted" in {e["reason"] for e in events_from_operator(kube, ns, "echo")}
     if is_local(kube):
         refused = [
@@ -222,6 +239,45 @@ def test_canary_rollout_promoted_under_the_chart_rbac(kube: Any, release: Releas
     (op,) = operator_pods(kube, release)
     log = operator_log(kube, op)
     assert not [ln for ln in log.splitlines() if any(m in ln for m in FORBIDDEN_MARKERS)], log[-3000:]
+
+
+def test_negative_control_a_canary_judged_by_an_unreachable_prometheus_is_never_promoted(
+    kube: Any, release: Release
+) -> None:
+    """The same rollout as above, the same traffic, only the Prometheus URL wrong: held at its first step."""
+    ns = release.watched[0]
+    name = "echo-ctl"
+    kube.apply(noop_md(name), namespace=ns)
+    wait_for(lambda: md_ready(kube, ns, name), timeout=120, interval=0.5, what=f"{name} v1 ready")
+    body = noop_md(name)
+    body["spec"]["model"].update(version="2", uri="noop://chart?delay_ms=1&rev=2")
+    body["spec"]["rollout"] = {
+        "steps": [50, 100],
+        "interval": "3s",
+        "bakeTime": "1s",
+        "analysis": {
+            "onNoData": "hold",
+            "noDataTimeout": "10m",
+            "minRequests": 5,
+            "prometheusURL": "http://127.0.0.1:9",  # a closed port
+        },
+    }
+    try:
+        with Traffic(kube, ns, name):
+            kube.apply(body, namespace=ns)
+
+            def three_windows() -> dict[str, Any] | None:
+                st = (kube.get(MD_PATH.format(ns=ns, name=name)) or {}).get("status") or {}
+                canary = st.get("canaryRevision")
+                windows = {m["time"] for m in _judged(kube, ns, name, canary)} if canary else set()
+                return st if len(windows) >= 3 else None
+
+            st = wait_for(three_windows, timeout=120, interval=0.5, what="three windows judged")
+        assert st["step"] == 0 and st["canaryRevision"] and st["phase"] != "Healthy", st
+        assert {m["verdict"] for m in _judged(kube, ns, name, st["canaryRevision"])} == {"Error"}
+        assert not [e for e in events_from_operator(kube, ns, name) if e["reason"] == "Promoted"]
+    finally:
+        kube.kubectl("delete", "-n", ns, f"md/{name}", "--wait=true", "--timeout=60s", check=False)
 
 
 def test_upgrade_to_a_new_image_replaces_only_the_operator(kube: Any, release: Release, helm: Helm) -> None:

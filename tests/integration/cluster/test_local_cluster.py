@@ -128,11 +128,10 @@ def test_gpu_deployment_is_scheduled_on_the_gpu_node_through_a_replicaset(kube: 
     rs = kube.get(f"/apis/apps/v1/namespaces/{namespace}/replicasets/{rs_name}")
     assert rs is not None and rs["metadata"]["ownerReferences"][0]["name"] == "one-gpu"
     # kwok simulates pods of foreign images: they become Running with a loopback pod IP.
-    running = wait_for(
+    wait_for(  # raises on timeout
         lambda: all(p["status"].get("phase") == "Running" for p in kube.pods(namespace, "app=one-gpu")),
         what="simulated pods running",
     )
-    assert running
     kwok_net = ipaddress.ip_network(podnet.PodNetwork(_net_index(kube)).kwok_cidr)
     for p in kube.pods(namespace, "app=one-gpu"):
         assert ipaddress.ip_address(p["status"]["podIP"]) in kwok_net
@@ -320,3 +319,32 @@ def test_gateway_api_crds_are_installed_and_validate_httproute_weights(kube: Kub
     assert stored["spec"]["rules"][0]["backendRefs"][0]["weight"] == 95
     res = kube.kubectl("apply", "-f", "-", input=json.dumps(route(-1)), check=False)
     assert res.returncode != 0 and "weight" in res.stderr
+
+
+def test_the_audit_log_records_a_refused_read_of_a_service_account(kube: Kube, namespace: str) -> None:
+    """The chart-RBAC checks read the audit log for 403s of the operator's ServiceAccount: a refused
+    get, list or watch must be there like a refused write (config.AUDIT_POLICY)."""
+    from localcluster.audit import completed
+
+    kube.api.create(f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": "nobody"}})
+    token = kube.kubectl("create", "token", "nobody", "-n", namespace).stdout.strip()
+    ca = Path(kube.cluster.state_dir) / "pki" / "ca.crt"
+    user = f"system:serviceaccount:{namespace}:nobody"
+    with httpx.Client(
+        base_url=kube.cluster.apiserver_url, verify=str(ca), headers={"Authorization": f"Bearer {token}"}
+    ) as c:
+        assert c.get("/api/v1/namespaces/kube-system/secrets").status_code == 403  # list
+        assert c.get("/api/v1/namespaces/kube-system/configmaps/nope").status_code == 403  # get
+        assert c.get("/api/v1/pods", params={"watch": "1", "timeoutSeconds": "1"}).status_code == 403
+    log = Path(kube.cluster.state_dir) / "logs" / "audit.log"
+
+    def refused() -> set[str] | None:
+        verbs = {
+            ev["verb"]
+            for ev in completed(log)
+            if (ev.get("user") or {}).get("username") == user
+            and (ev.get("responseStatus") or {}).get("code") == 403
+        }
+        return verbs if {"list", "get", "watch"} <= verbs else None
+
+    assert wait_for(refused, timeout=15, what="the three refused reads in the audit log (batched every 1 s)")
