@@ -273,4 +273,5 @@ def test_gateway_api_rights_only_when_enabled() -> None:
 def test_the_service_monitor_keeps_the_operators_own_namespace_label() -> None:
     docs = render("--set", "metrics.serviceMonitor.enabled=true")
     (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
-    assert all(ep.get("honorLabels") is True for ep in monitor["spec"]["endpoints"])
+    endpoints = monitor["spec"]["endpoints"]
+    assert endpoints and all(ep.get("honorLabels") is True for ep in endpoints), endpoints
