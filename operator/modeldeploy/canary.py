@@ -496,7 +496,37 @@ def decide(
 ) -> Decision:
     """The rollout decision for one reconcile (pure, given a pure ``measure``)."""
     ctx = Rollout.observe(md, current, live_specs, counts, now, measure)
-    return ctx.finish(STATES[state_of(ctx)](ctx))
+    return ctx.finish(_make_before_break(ctx, STATES[state_of(ctx)](ctx)))
+
+
+#: how soon a handover (see :func:`_make_before_break`) is looked at again, watch events aside
+HANDOVER_RECHECK = timedelta(seconds=1)
+
+
+def _make_before_break(ctx: Rollout, d: Decision) -> Decision:
+    """No moment without a pod in traffic: while none of the revisions the decision puts in traffic has a
+    Ready pod yet (a failback to warm pods whose gates are only now turned True; a rollback to a stable
+    whose pods are down), the revisions whose pods are still in traffic keep them there, running. They
+    leave at the first reconcile after a pod of the new stable is Ready (its pod's status change is a
+    watch event), so a switch trades a moment of the old revision's answers for what would otherwise be a
+    moment with no endpoint at all (every request refused)."""
+    wanted = {t.revision for t in d.targets if t.in_traffic_pods > 0}
+    if ctx.replicas == 0 or not wanted or any(ctx.in_traffic(rev) > 0 for rev in wanted):
+        return d
+    by_rev = {t.revision: t for t in d.targets}
+    kept = False
+    for rev, counts in sorted(ctx.counts.items()):
+        spec = ctx.live.get(rev)
+        if rev in wanted or counts.in_traffic == 0 or spec is None:
+            continue
+        t = by_rev.get(rev)
+        replicas = max(t.replicas if t else 0, counts.current)
+        by_rev[rev] = Target(rev, spec, replicas, t.role if t else "old", counts.in_traffic)
+        kept = True
+    if kept:
+        d.targets = list(by_rev.values())
+        ctx.at(ctx.now + HANDOVER_RECHECK)
+    return d
 
 
 def _deployed(ctx: Rollout) -> Decision:

@@ -345,13 +345,18 @@ def test_bad_during_bake_fails_back_to_the_warm_previous_without_restarting_it()
     w.prom.values[new] = {ERROR_RATE: 0.3}
     before = rollout_metric("failed_back")
     w.clock.tick(10)
-    w.rec.reconcile("default", "minilm")  # the decision: traffic first
+    w.rec.reconcile("default", "minilm")  # the decision: the warm pod goes into traffic first
     st = w.status
     assert st["stableRevision"] == old and "previousRevision" not in st
-    assert set(w.gated(new).values()) == {"False"}
     assert {n: g for n, g in w.gated(old).items() if n in warm} == dict.fromkeys(warm, "True")
+    # make before break: the failed revision keeps its pods in traffic until a pod of the old one is Ready
+    assert set(w.gated(new).values()) == {"True"} and len(w.pods(new)) == 2
+    w.controllers()  # the kubelet: the warm pod is Ready (its gate is True)
+    assert w.in_traffic(old) >= 1 and warm <= set(w.gated(old))
+    w.rec.reconcile("default", "minilm")  # its status change: now the failed revision leaves traffic
+    assert set(w.gated(new).values()) <= {"False"}
     w.controllers()
-    assert w.in_traffic(new) == 0 and w.in_traffic(old) >= 1 and warm <= set(w.gated(old))
+    assert w.in_traffic(new) == 0
     w.reconcile()
     assert w.in_traffic(old) == 2 and w.pods(new) == []
     h = w.status["history"][-1]
