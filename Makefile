@@ -9,14 +9,14 @@ STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 deps test test-unit test-integration test-e2e lint \
-        cluster-up cluster-down demo rehearsal bench-serving bench-operator crds e2e-kind shellcheck clean
+        cluster-up cluster-down demo rehearsal bench-serving bench-operator bench-canary crds e2e-kind shellcheck clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
 	@echo "make test        install what is missing, lint, then run unit, integration and e2e tests"
 	@echo "make lint        ruff check + format check, mypy, shellcheck, hadolint, helm lint"
 	@echo "make cluster-up / cluster-down   the local Kubernetes cluster alone"
-	@echo "make bench-serving / bench-operator   benchmarks (results under bench/results/)"
+	@echo "make bench-serving / bench-operator / bench-canary   benchmarks (results under bench/results/)"
 	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
 	@echo "make rehearsal   the fresh-machine rehearsal: .ci/run on a clone of main with empty Go and binary caches"
 	@echo "make e2e-kind    the e2e suite on kind with a GPU worker (docs/gpu-kind.md)"
@@ -85,6 +85,9 @@ bench-serving: venv
 
 bench-operator: deps
 	$(PY) -m bench.operator
+
+bench-canary: deps
+	$(PY) -m bench.canary $(BENCH_CANARY_ARGS)
 
 crds: venv
 	$(PY) -m modeldeploy.crdgen > crds/modeldeployment.yaml
