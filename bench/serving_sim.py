@@ -37,6 +37,21 @@ class _Clock:
         return self.t
 
 
+def _queue(scheduler: str, clock: _Clock, max_batch_size: int, token_budget: int) -> BatchQueue:
+    """The server's queue with its default cost model, learned online as in the server."""
+    return BatchQueue(
+        BatchingConfig(
+            max_batch_size=max_batch_size,
+            max_queue_delay_s=0.005,
+            token_budget=token_budget,
+            max_length=512,
+            scheduler=scheduler,
+        ),
+        clock=clock,
+        cost_model=None,
+    )
+
+
 def cost_fn(coef: Sequence[float]) -> Callable[[int, int], float]:
     c = np.asarray(coef, dtype=np.float64)
     return lambda n, length: float(c @ np.array([1.0, n, n * length, n * length * length]))
@@ -61,17 +76,7 @@ async def _simulate(
     token_budget: int,
 ) -> SimResult:
     clock = _Clock()
-    q = BatchQueue(
-        BatchingConfig(
-            max_batch_size=max_batch_size,
-            max_queue_delay_s=0.005,
-            token_budget=token_budget,
-            max_length=512,
-            scheduler=scheduler,
-        ),
-        clock=clock,
-        cost_model=None,  # learned online, as in the server
-    )
+    q = _queue(scheduler, clock, max_batch_size, token_budget)
     loop = asyncio.get_running_loop()
     feed = iter(np.resize(lengths, items + clients + max_batch_size + 1))
 
@@ -164,17 +169,7 @@ async def _simulate_open(
     freeze_coef: Sequence[float] | None = None,
 ) -> OpenLoopResult:
     clock = _Clock()
-    q = BatchQueue(
-        BatchingConfig(
-            max_batch_size=max_batch_size,
-            max_queue_delay_s=0.005,
-            token_budget=token_budget,
-            max_length=512,
-            scheduler=scheduler,
-        ),
-        clock=clock,
-        cost_model=None,
-    )
+    q = _queue(scheduler, clock, max_batch_size, token_budget)
     loop = asyncio.get_running_loop()
     rng = np.random.default_rng(seed)
     feed = iter(np.resize(lengths, 10_000_000))

@@ -45,7 +45,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -488,6 +488,28 @@ class BatchQueue:
             return min(at_risk, key=lambda i: (i.deadline, i.seq))
         return min(items, key=lambda i: (i.vkey, i.seq))
 
+    def _right_ends(
+        self, cands: list[WorkItem], i: int, hi: int, now: float, deadline: float
+    ) -> Iterator[tuple[int, int, int, float, float, float]]:
+        """Windows ``[i, b]`` of cands (sorted by length) for each right end ``b`` from ``i`` up, while the
+        batch fits the batch size, the token budget and the seed's deadline -> (b, n, n_max, per-item time
+        at b's length, estimated batch time, summed ``est_cost`` of ``[i, b]``)."""
+        bmax, budget = self.cfg.max_batch_size, self.budget
+        c0, c1, c2, c3 = (float(x) for x in self.cost.coef)
+        right_val = 0.0
+        for b in range(i, hi):
+            length = max(1, cands[b].length)
+            right_val += cands[b].est_cost
+            n_max = max(1, min(bmax, budget // length))
+            n = b - i + 1
+            if n > n_max:
+                return
+            per_item = c1 + length * (c2 + length * c3)
+            t = max(c0 + n * per_item, 1e-9)
+            if b > i and now + t > deadline:
+                return
+            yield b, n, n_max, per_item, t, right_val
+
     def _window(
         self, cands: list[WorkItem], i: int, lo: int, hi: int, now: float, deadline: float
     ) -> tuple[float, int, int, bool]:
@@ -500,20 +522,7 @@ class BatchQueue:
         since items get shorter). ``full``: it cannot or should not grow further.
         """
         best = (-1.0, i, i, False)
-        bmax, budget = self.cfg.max_batch_size, self.budget
-        c0, c1, c2, c3 = (float(x) for x in self.cost.coef)
-        right_val = 0.0
-        for b in range(i, hi):
-            length = max(1, cands[b].length)
-            right_val += cands[b].est_cost
-            n_max = max(1, min(bmax, budget // length))
-            n = b - i + 1
-            if n > n_max:
-                break
-            per_item = c1 + length * (c2 + length * c3)
-            t = max(c0 + n * per_item, 1e-9)
-            if b > i and now + t > deadline:
-                break
+        for b, n, n_max, per_item, t, right_val in self._right_ends(cands, i, hi, now, deadline):
             val, a = right_val, i
             score = val / t
             stopped = False
@@ -538,20 +547,7 @@ class BatchQueue:
         """Of the windows of cands[lo:hi] (sorted by length) containing i whose efficiency (see
         :meth:`_window`) is at least ``floor``, the one with the most items -> (score, a, b, full)."""
         best = (-1.0, i, i, False)
-        bmax, budget = self.cfg.max_batch_size, self.budget
-        c0, c1, c2, c3 = (float(x) for x in self.cost.coef)
-        right_val = 0.0
-        for b in range(i, hi):
-            length = max(1, cands[b].length)
-            right_val += cands[b].est_cost
-            n_max = max(1, min(bmax, budget // length))
-            n = b - i + 1
-            if n > n_max:
-                break
-            per_item = c1 + length * (c2 + length * c3)
-            t = max(c0 + n * per_item, 1e-9)
-            if b > i and now + t > deadline:
-                break
+        for b, n, n_max, per_item, t, right_val in self._right_ends(cands, i, hi, now, deadline):
             val, a = right_val, i
             score = val / t
             ok = (score, a) if score >= floor else None
