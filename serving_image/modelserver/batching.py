@@ -199,10 +199,6 @@ class CostModel:
         self.fitted = False
         self._lock = threading.Lock()
 
-    @staticmethod
-    def _x(n: float, length: float) -> list[float]:
-        return [1.0, n, n * length, n * length * length]
-
     def predict(self, n: int, length: int) -> float:
         c = self.coef
         return float(c[0] + n * (c[1] + length * (c[2] + length * c[3])))
@@ -641,12 +637,6 @@ class BatchQueue:
             )
             self.budget = new
 
-    def fail_all(self, exc_factory: Callable[[], BaseException]) -> None:
-        for it in self._items:
-            if it.future is not None and not it.future.done():
-                it.future.set_exception(exc_factory())
-        self._remove(list(self._items))
-
 
 # ----------------------------------------------------------------------------------------------------------
 # running a batch with split-and-retry
@@ -656,15 +646,12 @@ class BatchQueue:
 class SplitStats:
     splits: int = 0
     ooms: int = 0
-    oom_batches: list[tuple[int, int]] = field(default_factory=list)  # (n, padded tokens) that ran OOM
 
 
 def run_with_split(
     fn: Callable[[list[Any]], Sequence[Any]],
     payloads: list[Any],
     stats: SplitStats | None = None,
-    on_oom: Callable[[], None] | None = None,
-    token_len: Callable[[Any], int] | None = None,
 ) -> list[Any]:
     """Run ``fn`` on ``payloads``; on failure split in halves and retry each half.
 
@@ -681,19 +668,13 @@ def run_with_split(
         oom = is_oom(exc)
         if oom:
             stats.ooms += 1
-            longest = max((token_len(p) for p in payloads), default=1) if token_len else 1
-            stats.oom_batches.append((len(payloads), longest * len(payloads)))
-            if on_oom is not None:
-                on_oom()
         if len(payloads) == 1:
             if oom:
                 return [OutOfMemory("out of memory while running this input alone")]
             return [ItemFailed(f"model error: {type(exc).__name__}: {exc}")]
         stats.splits += 1
         mid = len(payloads) // 2
-        return run_with_split(fn, payloads[:mid], stats, on_oom, token_len) + run_with_split(
-            fn, payloads[mid:], stats, on_oom, token_len
-        )
+        return run_with_split(fn, payloads[:mid], stats) + run_with_split(fn, payloads[mid:], stats)
 
 
 # ----------------------------------------------------------------------------------------------------------
