@@ -32,6 +32,7 @@ import psutil
 from localcluster.audit import writes_by_agents
 from localcluster.cluster import binaries_dir, down, up
 from localcluster.kubeapi import KubeAPI
+from localcluster.promtext import sample_sum
 from localcluster.state import REPO_ROOT
 
 RESULTS = REPO_ROOT / "bench" / "results" / "operator.json"
@@ -70,16 +71,6 @@ def _epoch(rfc3339: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
-
-
-def metric_sum(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            head, _, value = line.rpartition(" ")
-            if head.split("{", 1)[0] == name:
-                total += float(value)
-    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         after = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
         time.sleep(2.5)  # the audit log is written in batches
         writes = operator_writes(state / "cluster" / "logs" / "audit.log", window_start)
-        reconciles = metric_sum(after, "modeldeploy_reconciles_total") - metric_sum(
+        reconciles = sample_sum(after, "modeldeploy_reconciles_total") - sample_sum(
             before, "modeldeploy_reconciles_total"
         )
         # Forced no-op reconciles: touch every ModelDeployment's metadata (no spec change); each one is
@@ -187,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         while time.monotonic() < deadline:
             time.sleep(2)
             now_text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
-            forced = metric_sum(now_text, "modeldeploy_reconciles_total") - metric_sum(
+            forced = sample_sum(now_text, "modeldeploy_reconciles_total") - sample_sum(
                 before, "modeldeploy_reconciles_total"
             )
             if forced >= args.count:

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import numpy as np
 import orjson
+from localcluster.promtext import sample_sum
 
 from bench.serving_load import LoadResult, build_request, closed_loop, open_loop
 
@@ -272,12 +273,8 @@ def padding_ratio(port: int) -> float | None:
         text = httpx.get(f"http://{HOST}:{port}/metrics", timeout=10).text
     except httpx.HTTPError:
         return None
-    vals = {}
-    for line in text.splitlines():
-        if line.startswith(("modelserver_padding_ratio_sum", "modelserver_padding_ratio_count")):
-            vals[line.split("{")[0]] = float(line.rsplit(" ", 1)[1])
-    c = vals.get("modelserver_padding_ratio_count", 0.0)
-    return round(vals.get("modelserver_padding_ratio_sum", 0.0) / c, 3) if c else None
+    c = sample_sum(text, "modelserver_padding_ratio_count")
+    return round(sample_sum(text, "modelserver_padding_ratio_sum") / c, 3) if c else None
 
 
 def median(xs: list[float]) -> float:

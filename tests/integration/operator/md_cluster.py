@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 from localcluster.audit import writes_by_agents
+from localcluster.promtext import sample_values
 
 REPO = Path(__file__).resolve().parents[3]
 OPERATOR_UAS = ("modeldeploy-operator", "kopf/")  # our REST client and kopf's own (watches, peering)
@@ -111,21 +112,10 @@ class OperatorProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of the series of ``name`` with ``labels``; a missing series is an error, never 0."""
-        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        total, found = 0.0, False
-        for line in self.metrics().splitlines():
-            if line.startswith("#"):
-                continue
-            head, _, value = line.rpartition(" ")
-            metric, _, rest = head.partition("{")
-            if metric != name:
-                continue
-            if want and not all(part in rest for part in want.split(",")):
-                continue
-            total, found = total + float(value), True
-        if not found:
-            raise LookupError(f"no series {name}{{{want}}} in the operator's /metrics")
-        return total
+        values = sample_values(self.metrics(), name, **labels)
+        if not values:
+            raise LookupError(f"no series {name}{labels} in the operator's /metrics")
+        return float(sum(values))
 
     def healthy(self) -> bool:
         import urllib.request

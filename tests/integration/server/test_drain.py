@@ -8,20 +8,18 @@ at SIGTERM is a lower bound on what was accepted, and at least that many request
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 
 import httpx
 from conftest import ServerProcess, minilm_dir
+from localcluster.promtext import sample_sum
 
 N_REQUESTS = 24
 TEXTS_PER_REQUEST = 6
 
 
 def queue_depth(url: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=30).text
-    m = re.search(r"^modelserver_queue_depth\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
+    return sample_sum(httpx.get(url + "/metrics", timeout=30).text, "modelserver_queue_depth")
 
 
 def is_drain_refusal(r: httpx.Response) -> bool:
