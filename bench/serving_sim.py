@@ -52,6 +52,16 @@ def _queue(scheduler: str, clock: _Clock, max_batch_size: int, token_budget: int
     )
 
 
+def _next_batch(q: BatchQueue, clock: _Clock) -> Batch:
+    """A closed loop's next batch: the clock moves to when the queue says one is due (never empty)."""
+    got = q.try_form()
+    while not isinstance(got, Batch):
+        assert got is not None
+        clock.t = max(clock.t, got) + 1e-6
+        got = q.try_form()
+    return got
+
+
 def cost_fn(coef: Sequence[float]) -> Callable[[int, int], float]:
     c = np.asarray(coef, dtype=np.float64)
     return lambda n, length: float(c @ np.array([1.0, n, n * length, n * length * length]))
@@ -92,11 +102,7 @@ async def _simulate(
     q.submit([new() for _ in range(clients)])
     done, busy, pads, sizes, max_wait = 0, 0.0, [], [], 0.0
     while done < items:
-        got = q.try_form()
-        while not isinstance(got, Batch):
-            assert got is not None
-            clock.t = max(clock.t, got) + 1e-6
-            got = q.try_form()
+        got = _next_batch(q, clock)
         t = cost(got.size, got.padded_length)
         max_wait = max(max_wait, max(clock.t - i.arrival for i in got.items))
         clock.t += t
@@ -190,11 +196,7 @@ async def _simulate_open(
         end = clock.t + saturate_s
         q.submit([new(clock.t) for _ in range(saturate_clients)])
         while clock.t < end:
-            got = q.try_form()
-            while not isinstance(got, Batch):
-                assert got is not None
-                clock.t = max(clock.t, got) + 1e-6
-                got = q.try_form()
+            got = _next_batch(q, clock)
             run(got)
             q.submit([new(clock.t) for _ in range(got.size)])
         # the closed-loop clients stop: what they still have queued is served, then the open phase starts
