@@ -196,9 +196,9 @@ async def _simulate_open(
         end = clock.t + saturate_s
         q.submit([new(clock.t) for _ in range(saturate_clients)])
         while clock.t < end:
-            got = _next_batch(q, clock)
-            run(got)
-            q.submit([new(clock.t) for _ in range(got.size)])
+            batch = _next_batch(q, clock)
+            run(batch)
+            q.submit([new(clock.t) for _ in range(batch.size)])
         # the closed-loop clients stop: what they still have queued is served, then the open phase starts
         while (got := q.try_form()) is not None:
             if isinstance(got, Batch):
