@@ -372,9 +372,9 @@ def tail_report(
 if __name__ == "__main__":
     for wl, row in report().items():
         print(wl, row)
-    for wl, row in tail_report().items():
-        print(wl, row["rate_per_s"], row["adaptive/adaptive-v1 peak"], row["adaptive/fifo peak"])
+    for wl, tail in tail_report().items():
+        print(wl, tail["rate_per_s"], tail["adaptive/adaptive-v1 peak"], tail["adaptive/fifo peak"])
         for sch in SCHEDULERS[:2]:
             for phase in ("fresh", "after_saturation"):
-                e = {k: v for k, v in row[sch][phase].items() if k != "buckets"}
+                e = {k: v for k, v in tail[sch][phase].items() if k != "buckets"}
                 print(f"  {sch:12} {phase:17} {e}")
