@@ -263,6 +263,12 @@ class LoadGenerator:
             t.start()
         return self
 
+    def __enter__(self) -> LoadGenerator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         """Stop and join; raises :class:`LoadGeneratorError` if a worker died or routing went stale."""
         self._stop.set()

@@ -12,8 +12,6 @@ import base64
 import json
 import os
 import subprocess
-import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -213,45 +211,6 @@ def noop_md(name: str, replicas: int = 1) -> dict[str, Any]:
             "batching": {"maxSequenceLength": 512, "buckets": [32, 128, 512]},
         },
     }
-
-
-class Traffic:
-    """Bounded background requests to every running pod of a ModelDeployment (both revisions during a
-    canary), so that the canary analysis has data: it is not a routing test. Counts answers by status."""
-
-    def __init__(self, kube: Any, ns: str, name: str, max_seconds: float = 240, max_requests: int = 20_000):
-        self.kube, self.ns, self.name = kube, ns, name
-        self.max_seconds, self.max_requests = max_seconds, max_requests
-        self.codes: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        import httpx
-
-        body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hello"]}]}
-        end, sent, ips = time.monotonic() + self.max_seconds, 0, []
-        with httpx.Client(timeout=5) as c:
-            while not self._stop.is_set() and time.monotonic() < end and sent < self.max_requests:
-                if sent % 20 == 0:
-                    pods = self.kube.pods(self.ns, f"modeldeploy.io/name={self.name}")
-                    ips = [p["status"]["podIP"] for p in pods if (p.get("status") or {}).get("podIP")]
-                for ip in ips:
-                    try:
-                        code = c.post(f"http://{ip}:8080/v2/models/echo/infer", json=body).status_code
-                    except httpx.HTTPError:
-                        code = 0
-                    self.codes[code] = self.codes.get(code, 0) + 1
-                    sent += 1
-                self._stop.wait(0.02)
-
-    def __enter__(self) -> Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 def condition(obj: dict[str, Any] | None, type_: str) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from chart_cluster import (
     RESTRICTED,
     Helm,
     Release,
-    Traffic,
     audit_events_of,
     audit_log,
     can_i,
@@ -38,6 +37,8 @@ from chart_cluster import (
     unique,
 )
 from localcluster.testing import wait_for
+
+from tests.e2e.canary_support import LoadGenerator
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +216,7 @@ def test_canary_rollout_promoted_under_the_chart_rbac(kube: Any, release: Releas
             else None
         )
 
-    with Traffic(kube, ns, "echo") as traffic:
+    with LoadGenerator(kube, ns, "echo") as traffic:
         kube.apply(body, namespace=ns)
         obj = wait_for(promoted, timeout=180, interval=0.5, what="version 2 promoted, the old revision gone")
     new = obj["status"]["stableRevision"]
@@ -225,7 +226,7 @@ def test_canary_rollout_promoted_under_the_chart_rbac(kube: Any, release: Releas
     assert measured and "Error" not in {m["verdict"] for m in measured}, measured
     requests = [m for m in measured if m["metric"] == "requests" and m["verdict"] == "Pass"]
     assert requests and all(m["value"] >= 5 for m in requests), measured
-    assert traffic.codes.get(200, 0) > 0, traffic.codes
+    assert traffic.by_kind()["ok"] > 0, traffic.by_kind()
     passed = [e for e in events_from_operator(kube, ns, "echo") if e["reason"] == "AnalysisPassed"]
     assert passed and all("modelserver_requests_total" in e["message"] for e in passed)
     assert "Promoted" in {e["reason"] for e in events_from_operator(kube, ns, "echo")}
@@ -263,7 +264,7 @@ def test_negative_control_a_canary_judged_by_an_unreachable_prometheus_is_never_
         },
     }
     try:
-        with Traffic(kube, ns, name):
+        with LoadGenerator(kube, ns, name):
             kube.apply(body, namespace=ns)
 
             def three_windows() -> dict[str, Any] | None:
