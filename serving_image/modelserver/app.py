@@ -16,6 +16,7 @@ import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -28,6 +29,7 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .openapi import openapi_document
 from .protocol import decode_request, encode_response
 from .service import ModelService
+from .shadow import ShadowMirror
 
 log = logging.getLogger("modelserver.http")
 
@@ -46,6 +48,8 @@ class Reply:
     body: bytes
     content_type: bytes = JSON
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    #: an answered infer request the shadow mirror may copy: (body, header length, outputs)
+    shadow: tuple[bytes, str | None, dict[str, Any]] | None = None
 
 
 def json_reply(status: int, doc: Any, headers: list[tuple[bytes, bytes]] | None = None) -> Reply:
@@ -65,12 +69,14 @@ _MODEL_RE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/(ready|inf
 class ModelServerApp:
     """ASGI application. ``service`` is created by the caller; ``startup`` loads it in the background."""
 
-    def __init__(self, service: ModelService) -> None:
+    def __init__(self, service: ModelService, mirror: ShadowMirror | None = None) -> None:
         self.service = service
         self.name = service.name
         self.version = service.version
+        self.mirror = mirror
         self._openapi: bytes | None = None
         self.load_task: asyncio.Task[None] | None = None
+        self.watch_task: asyncio.Task[None] | None = None
         self.on_load_failure: Callable[[BaseException], None] | None = None
 
     # -- ASGI -------------------------------------------------------------------------------------------
@@ -85,16 +91,29 @@ class ModelServerApp:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
-                self.load_task = asyncio.get_running_loop().create_task(self._load())
+                loop = asyncio.get_running_loop()
+                self.load_task = loop.create_task(self._load())
+                shadow_file = self.service.settings.shadow_file
+                if self.mirror is not None and shadow_file:
+                    self.watch_task = loop.create_task(self.mirror.watch(Path(shadow_file)))
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 await self.service.drain()
+                if self.watch_task is not None:
+                    self.watch_task.cancel()
+                if self.mirror is not None:
+                    await self.mirror.drain()
+                    await self.mirror.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
     async def _load(self) -> None:
         try:
             await self.service.start()
+            if self.mirror is not None:  # the model's own comparison rules are known once it is loaded
+                model = self.service.model
+                self.mirror.classification = model.info.extra.get("task") == "classification"
+                self.mirror.custom = model.compare()
         except Exception as e:
             self.service.state = "failed"
             self.service.error = f"{type(e).__name__}: {e}"
@@ -141,6 +160,8 @@ class ModelServerApp:
         ]
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": reply.body})
+        if reply.shadow is not None and self.mirror is not None:
+            self.mirror.offer(reply.shadow[0], reply.shadow[1], rid, reply.shadow[2])
         if is_infer:
             dt = time.perf_counter() - t0
             self.service.metrics.observe_request(reply.status, dt)
@@ -206,14 +227,19 @@ class ModelServerApp:
                     if o not in known:
                         raise InvalidInput(f"unknown output '{o}'; the model has {sorted(known)}")
             outputs = await svc.infer(req.inputs, req.priority, req.timeout_ms, rid)
-            body, hlen = encode_response(self.name, self.version, req, outputs)
+            payload, hlen = encode_response(self.name, self.version, req, outputs)
+            shadow = None
+            if self.mirror is not None and self.mirror.active:
+                answered = outputs if req.outputs is None else {o: outputs[o] for o in req.outputs}
+                shadow = (body, header_len, answered)
             if hlen is None:
-                return Reply(200, body)
+                return Reply(200, payload, shadow=shadow)
             return Reply(
                 200,
-                body,
+                payload,
                 b"application/octet-stream",
                 [(b"inference-header-content-length", str(hlen).encode())],
+                shadow=shadow,
             )
         except (ServerError, BatchingError) as e:
             return error_reply(e.status, str(e), e.retry_after if e.status in (429, 503) else None)

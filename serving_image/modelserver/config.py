@@ -124,6 +124,11 @@ class Settings:
     max_timeout_ms: float = _opt(60000.0, "cap for a caller-supplied timeout", "float")
     warmup: bool = _opt(True, "run warm-up batches for every bucket before reporting ready", "bool")
     # --- misc ------------------------------------------------------------------------------
+    shadow_file: str = _opt(
+        "",
+        "file naming the shadow revision to copy a sample of answered requests to (JSON; in a pod, the"
+        " downward-API volume of the annotation modeldeploy.io/shadow); empty = never copy",
+    )
     cache_size: int = _opt(0, "LRU result cache entries (0 = off)", "int")
     drain_timeout_s: float = _opt(0.0, "SIGTERM drain limit (0 = max timeout + 5 s)", "float")
     log_level: str = _opt("info", "log level", choices=("debug", "info", "warning", "error"))

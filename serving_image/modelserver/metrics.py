@@ -34,6 +34,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PADDING_BUCKETS = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 REJECT_REASONS = ("queue_full", "deadline", "timeout", "too_long", "draining", "not_ready")
+SHADOW_RESULTS = ("agree", "disagree", "error", "timeout", "dropped")
+SIMILARITY_BUCKETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 1.0)
 
 
 class Metrics:
@@ -87,6 +89,33 @@ class Metrics:
             buckets=PADDING_BUCKETS,
             registry=r,
         ).labels(*lv)
+        shadow = (*labels, "shadow_revision")
+        self.shadow_requests = Counter(
+            "modelserver_shadow_requests",
+            "Requests copied to a shadow revision, by result (agree, disagree, error, timeout, dropped)",
+            [*shadow, "result"],
+            registry=r,
+        )
+        self.shadow_similarity = Histogram(
+            "modelserver_shadow_similarity",
+            "Similarity of the shadow's outputs to this server's (cosine, or 1/0), per compared request",
+            shadow,
+            buckets=SIMILARITY_BUCKETS,
+            registry=r,
+        )
+        self.shadow_duration = Histogram(
+            "modelserver_shadow_duration_seconds",
+            "Round trip of a copied request to the shadow revision",
+            shadow,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.shadow_active = Gauge(
+            "modelserver_shadow_active",
+            "1 while this server copies a sample of its requests to the labelled shadow revision",
+            [*shadow, "sample_rate"],
+            registry=r,
+        )
         self._codes: dict[int, Counter] = {}
         self._reasons: dict[str, Counter] = {}
         for reason in REJECT_REASONS:
@@ -111,6 +140,18 @@ class Metrics:
 
     def on_depth(self, depth: int) -> None:
         self.queue_depth.set(depth)
+
+    def shadow_children(self, revision: str) -> tuple[dict[str, Counter], Histogram, Histogram]:
+        """The shadow metrics of one shadow revision (every result pre-initialised to 0)."""
+        lv = (*self._lv, revision)
+        results = {res: self.shadow_requests.labels(*lv, res) for res in SHADOW_RESULTS}
+        return results, self.shadow_similarity.labels(*lv), self.shadow_duration.labels(*lv)
+
+    def set_shadow_active(self, revision: str | None, sample_rate: float = 0.0) -> None:
+        """Only the current shadow target's series is 1; older ones are removed."""
+        self.shadow_active.clear()
+        if revision is not None:
+            self.shadow_active.labels(*self._lv, revision, f"{sample_rate:g}").set(1)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -269,3 +269,63 @@ def encode_response(
     if not blobs:
         return header, None
     return header + b"".join(blobs), len(header)
+
+
+def decode_response(body: bytes, header_length: str | None) -> dict[str, np.ndarray]:
+    """The outputs of an infer response (JSON or binary tensor data), as numpy arrays.
+
+    Used by the shadow mirror to read the shadow revision's answer; raises :class:`InvalidInput` on a
+    response it cannot read (the mirror counts that as the shadow's error).
+    """
+    binary = b""
+    if header_length is not None:
+        try:
+            hl = int(header_length)
+        except ValueError:
+            raise InvalidInput("Inference-Header-Content-Length must be an integer") from None
+        if not 0 <= hl <= len(body):
+            raise InvalidInput("Inference-Header-Content-Length is larger than the body")
+        body, binary = body[:hl], body[hl:]
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise InvalidInput(f"malformed JSON response: {e}") from None
+    outputs = doc.get("outputs") if isinstance(doc, dict) else None
+    if not isinstance(outputs, list):
+        raise InvalidInput("the response has no 'outputs' list")
+    out: dict[str, np.ndarray] = {}
+    offset = 0
+    for o in outputs:
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise InvalidInput("each output needs a string 'name'")
+        name, dt, shape = o["name"], o.get("datatype"), o.get("shape")
+        if dt not in DTYPES or not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            raise InvalidInput(f"output '{name}': bad datatype or shape")
+        count = math.prod(shape)
+        size = (o.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise InvalidInput(f"output '{name}': binary data is shorter than binary_data_size")
+            raw = binary[offset : offset + size]
+            offset += size
+            if dt == "BYTES":
+                arr = _decode_bytes_binary(raw, count, name)
+            else:
+                dtype = np.dtype(DTYPES[dt]).newbyteorder("<")
+                if size != count * dtype.itemsize:
+                    raise InvalidInput(f"output '{name}': {size} bytes do not match shape {shape}")
+                arr = np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="))
+        else:
+            flat = _flatten(o.get("data"))
+            if len(flat) != count:
+                raise InvalidInput(f"output '{name}': {len(flat)} values do not match shape {shape}")
+            if dt == "BYTES":
+                arr = np.empty(count, dtype=object)
+                arr[:] = [v.encode("utf-8") if isinstance(v, str) else v for v in flat]
+            else:
+                try:
+                    arr = np.asarray(flat, dtype=DTYPES[dt])
+                except (ValueError, TypeError, OverflowError) as e:
+                    raise InvalidInput(f"output '{name}': {e}") from None
+        out[name] = arr.reshape(shape)
+    return out

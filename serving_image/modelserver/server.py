@@ -53,10 +53,14 @@ async def serve(settings: Settings) -> int:
     from .app import ModelServerApp
     from .loader import create_model
     from .service import ModelService
+    from .shadow import ShadowMirror
 
     model = create_model(settings)
     service = ModelService(settings, model)
-    app = ModelServerApp(service)
+    mirror = None
+    if settings.shadow_file:
+        mirror = ShadowMirror(settings.model_name, service.metrics)
+    app = ModelServerApp(service, mirror)
     server = _uvicorn_server(app, settings)
     exit_code = 0
     loop = asyncio.get_running_loop()

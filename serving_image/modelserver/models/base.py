@@ -8,7 +8,7 @@ re-assembled into the response tensors by :meth:`ServedModel.postprocess`.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +91,10 @@ class ServedModel:
     def warmup_payloads(self, length: int, n: int) -> list[Any]:
         """Synthetic payloads of ``length`` tokens for warm-up batches; [] when not applicable."""
         return []
+
+    def compare(self) -> Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], bool] | None:
+        """The model's own rule for "two answers agree" (shadow stage), if it has one."""
+        return None
 
     def close(self) -> None:
         pass

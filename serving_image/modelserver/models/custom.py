@@ -14,6 +14,9 @@ with a class ``Handler`` in the model directory. The class (instantiated without
         ...
     def postprocess(self, outputs: list) -> dict[str, numpy.ndarray]:   # one request's per-row outputs
         ...
+    def compare(self, a: dict, b: dict) -> bool: ...                    # optional: do two answers agree?
+                                                                        # (shadow stage; wins over the
+                                                                        # ModelDeployment's compare method)
 
 ``preprocess``/``postprocess`` run on the event loop (keep them cheap); ``predict`` runs on the inference
 thread. ``preprocess`` may raise ``ValueError`` for bad input (answered with 400). The handler is code
@@ -116,6 +119,10 @@ class CustomModel(ServedModel):
             return stack_results(results)
         out = post(list(results))
         return {k: np.asarray(v) if not isinstance(v, np.ndarray) else v for k, v in out.items()}
+
+    def compare(self) -> Any:
+        fn = getattr(self.handler, "compare", None)
+        return fn if callable(fn) else None
 
     def warmup_payloads(self, length: int, n: int) -> list[Any]:
         fn = getattr(self.handler, "warmup_payloads", None)

@@ -13,6 +13,8 @@ Options (query string), all deterministic:
   this substring fail.
 * ``oom_tokens``: a batch with more padded tokens than this raises an out-of-memory error (the server then
   splits it).
+* ``skew``: added to every ``length`` output: a model that answers fast, 200, and wrong (the shadow
+  stage's negative control).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class NoopModel(ServedModel):
         self.token_s = num("token_us", 0.0) / 1e6
         self.fail_rate = num("fail_rate", 0.0)
         self.oom_tokens = int(num("oom_tokens", 0))
+        self.skew = int(num("skew", 0))
         self.fail_text = q.get("fail_text", [""])[0]
         self.max_length = max_length or 512
 
@@ -84,7 +87,9 @@ class NoopModel(ServedModel):
             time.sleep(sleep)
         if any(self._fails(t) for t in payloads):
             raise RuntimeError("simulated model failure")
-        return [{"echo": t, "length": np.int64(n)} for t, n in zip(payloads, lengths, strict=True)]
+        return [
+            {"echo": t, "length": np.int64(n + self.skew)} for t, n in zip(payloads, lengths, strict=True)
+        ]
 
     def postprocess(self, results: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
         return {

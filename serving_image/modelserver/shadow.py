@@ -1,0 +1,297 @@
+"""The shadow mirror: copy a sample of answered requests to a shadow revision and compare the answers.
+
+A stable server copies ``sample_rate`` of the infer requests it has *answered* (the copy is offered after
+the response is sent, so it never delays the user) to the shadow revision's Service, compares the two
+outputs (:mod:`modelserver.compare`) and counts the result in
+``modelserver_shadow_requests_total{shadow_revision, result}``:
+
+* ``agree`` / ``disagree``: the shadow answered 200 and the outputs do / do not agree
+  (``modelserver_shadow_similarity`` gets the similarity);
+* ``error``: the shadow answered non-200, or an unreadable response, or the connection failed;
+* ``timeout``: no answer within the copy's timeout;
+* ``dropped``: the bounded copy queue was full: the copy was never sent.
+
+The shadow's answer is never returned to anybody. The target comes from a file -- in a pod, a
+downward-API volume of the pod annotation ``modeldeploy.io/shadow`` that the operator sets -- re-read
+every second (:meth:`ShadowMirror.watch`), so the stable pods learn of a shadow, or of its end, without a
+restart. ``modelserver_shadow_active{shadow_revision}`` is 1 while copying: the operator starts the shadow
+clock only once every stable server reports it.
+
+The file holds JSON (empty: no shadow)::
+
+    {"url": "http://10.96.0.12:8080", "revision": "5d4c...", "sampleRate": 0.2, "timeoutMs": 5000,
+     "compare": {"method": "auto", "minCosine": 0.99, "rtol": 0.001, "atol": 1e-05}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+
+from .compare import CompareSpec, CustomCompare, compare_outputs
+from .errors import InvalidInput
+from .metrics import Metrics
+from .protocol import decode_response
+
+log = logging.getLogger("modelserver.shadow")
+
+#: header on every copy: the shadow's own logs (and tests) can tell copies from user requests
+SHADOW_HEADER = "x-modeldeploy-shadow"
+QUEUE_SIZE = 256
+CONCURRENCY = 8
+WATCH_PERIOD_S = 1.0
+
+
+class MirrorConfigError(ValueError):
+    """The shadow file does not hold a valid mirror target."""
+
+
+@dataclass(frozen=True)
+class MirrorConfig:
+    url: str
+    revision: str
+    sample_rate: float
+    timeout_s: float = 5.0
+    compare: CompareSpec = field(default_factory=CompareSpec)
+
+    @classmethod
+    def parse(cls, text: str) -> MirrorConfig | None:
+        """The target in the shadow file; None when it is empty (no shadow)."""
+        if not text.strip():
+            return None
+        try:
+            doc = orjson.loads(text)
+            if not isinstance(doc, dict):
+                raise MirrorConfigError("the shadow file must hold a JSON object")
+            url, revision = doc["url"], doc["revision"]
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise MirrorConfigError(f"url must be an http(s) URL, got {url!r}")
+            if not isinstance(revision, str) or not revision:
+                raise MirrorConfigError("revision must be a non-empty string")
+            rate = float(doc.get("sampleRate", 0.0))
+            if not 0.0 <= rate <= 1.0:
+                raise MirrorConfigError(f"sampleRate must be within [0, 1], got {rate}")
+            timeout = float(doc.get("timeoutMs", 5000.0)) / 1000.0
+            if timeout <= 0:
+                raise MirrorConfigError("timeoutMs must be > 0")
+            c = doc.get("compare") or {}
+            spec = CompareSpec(
+                method=c.get("method", "auto"),
+                min_cosine=float(c.get("minCosine", 0.99)),
+                rtol=float(c.get("rtol", 1.0e-3)),
+                atol=float(c.get("atol", 1.0e-5)),
+            )
+        except MirrorConfigError:
+            raise
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise MirrorConfigError(f"invalid shadow target: {type(e).__name__}: {e}") from None
+        return cls(url=url.rstrip("/"), revision=revision, sample_rate=rate, timeout_s=timeout, compare=spec)
+
+
+@dataclass(frozen=True)
+class Copy:
+    """One answered request to send again: its body, and this server's outputs to compare with."""
+
+    config: MirrorConfig
+    body: bytes
+    header_length: str | None
+    request_id: str
+    outputs: dict[str, np.ndarray]
+
+
+class ShadowMirror:
+    """Copies, compares, counts. ``offer`` is O(1) and never raises or blocks."""
+
+    def __init__(
+        self,
+        model_name: str,
+        metrics: Metrics,
+        *,
+        classification: bool = False,
+        custom: CustomCompare | None = None,
+        queue_size: int = QUEUE_SIZE,
+        concurrency: int = CONCURRENCY,
+        sample: Callable[[], float] = random.random,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.model_name = model_name
+        self.metrics = metrics
+        self.classification = classification
+        self.custom = custom
+        self.concurrency = concurrency
+        self._sample = sample
+        self._transport = transport
+        self.config: MirrorConfig | None = None
+        self._queue: asyncio.Queue[Copy] = asyncio.Queue(maxsize=queue_size)
+        self._workers: list[asyncio.Task[None]] = []
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._children: dict[str, tuple[dict[str, Any], Any, Any]] = {}
+        self._disagreements = 0
+
+    # -- configuration ----------------------------------------------------------------------------------
+    def configure(self, config: MirrorConfig | None) -> None:
+        """Start copying to ``config`` (or stop, with None). Copies already queued are still sent."""
+        old = self.config
+        self.config = config
+        if config == old:
+            return
+        if config is None:
+            log.info("shadow mirror off", extra={"was": old.revision if old else None})
+            self.metrics.set_shadow_active(None)
+            return
+        self._metrics_of(config.revision)
+        if not self._workers:
+            self._workers = [
+                asyncio.get_running_loop().create_task(self._work(), name=f"shadow-{i}")
+                for i in range(self.concurrency)
+            ]
+        self.metrics.set_shadow_active(config.revision, config.sample_rate)
+        log.info(
+            "shadow mirror on",
+            extra={"url": config.url, "revision": config.revision, "sample_rate": config.sample_rate},
+        )
+
+    @property
+    def active(self) -> bool:
+        return self.config is not None
+
+    async def watch(self, path: Path, period: float = WATCH_PERIOD_S) -> None:
+        """Follow the shadow file (a downward-API volume: replaced atomically by the kubelet)."""
+        last: str | None = None
+        while True:
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                text = ""
+            except OSError as e:
+                log.warning("cannot read the shadow file %s: %s", path, e)
+                text = last or ""
+            if text != last:
+                last = text
+                try:
+                    self.configure(MirrorConfig.parse(text))
+                except MirrorConfigError as e:
+                    log.error("shadow file %s: %s; not copying", path, e)
+                    self.configure(None)
+            await asyncio.sleep(period)
+
+    # -- the hot path -----------------------------------------------------------------------------------
+    def offer(
+        self, body: bytes, header_length: str | None, request_id: str, outputs: dict[str, np.ndarray]
+    ) -> None:
+        """Maybe copy one answered request (``sample_rate`` of them); a full queue drops the copy."""
+        config = self.config
+        if config is None or self._sample() >= config.sample_rate:
+            return
+        try:
+            self._queue.put_nowait(Copy(config, body, header_length, request_id, outputs))
+        except asyncio.QueueFull:
+            self._metrics_of(config.revision)[0]["dropped"].inc()
+
+    # -- the copies ---------------------------------------------------------------------------------------
+    def _metrics_of(self, revision: str) -> tuple[dict[str, Any], Any, Any]:
+        m = self._children.get(revision)
+        if m is None:
+            m = self._children[revision] = self.metrics.shadow_children(revision)
+        return m
+
+    def _client(self, config: MirrorConfig) -> httpx.AsyncClient:
+        c = self._clients.get(config.url)
+        if c is None:
+            n = self.concurrency
+            limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+            c = self._clients[config.url] = httpx.AsyncClient(
+                base_url=config.url, limits=limits, transport=self._transport, trust_env=False
+            )
+        return c
+
+    async def _work(self) -> None:
+        while True:
+            copy = await self._queue.get()
+            try:
+                await self.send(copy)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let one copy stop the worker
+                log.exception("shadow copy failed")
+            finally:
+                self._queue.task_done()
+
+    async def send(self, copy: Copy) -> str:
+        """Send one copy, compare, count; returns the result label."""
+        cfg = copy.config
+        results, similarity, duration = self._metrics_of(cfg.revision)
+        headers = {"content-type": "application/json", SHADOW_HEADER: "1", "x-request-id": copy.request_id}
+        if copy.header_length is not None:
+            headers["inference-header-content-length"] = copy.header_length
+            headers["content-type"] = "application/octet-stream"
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        try:
+            async with asyncio.timeout(cfg.timeout_s):  # the whole round trip, not per socket read
+                resp = await self._client(cfg).post(
+                    f"/v2/models/{self.model_name}/infer", content=copy.body, headers=headers
+                )
+        except (TimeoutError, httpx.TimeoutException):
+            results["timeout"].inc()
+            return "timeout"
+        except httpx.HTTPError as e:
+            log.debug("shadow copy %s: %s", copy.request_id, e)
+            results["error"].inc()
+            return "error"
+        duration.observe(loop.time() - t0)
+        if resp.status_code != 200:
+            results["error"].inc()
+            return "error"
+        try:
+            theirs = decode_response(resp.content, resp.headers.get("inference-header-content-length"))
+        except InvalidInput as e:
+            log.info("shadow %s: unreadable response: %s", cfg.revision, e)
+            results["error"].inc()
+            return "error"
+        got = compare_outputs(
+            copy.outputs, theirs, cfg.compare, classification=self.classification, custom=self.custom
+        )
+        similarity.observe(got.similarity)
+        if got.agree:
+            results["agree"].inc()
+            return "agree"
+        results["disagree"].inc()
+        self._disagreements += 1
+        if self._disagreements <= 10 or self._disagreements % 100 == 0:
+            log.info(
+                "shadow disagrees",
+                extra={
+                    "request_id": copy.request_id,
+                    "shadow_revision": cfg.revision,
+                    "reason": got.reason[:300],
+                    "disagreements": self._disagreements,
+                },
+            )
+        return "disagree"
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Wait (bounded) for queued copies to be sent."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._queue.join(), timeout)
+
+    async def close(self) -> None:
+        for t in self._workers:
+            t.cancel()
+        for t in self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._workers = []
+        for c in self._clients.values():
+            await c.aclose()
+        self._clients = {}

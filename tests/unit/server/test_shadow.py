@@ -1,0 +1,219 @@
+"""The shadow mirror in-process: a stable server copies a sample of its answered requests to a shadow
+server (both real ModelServerApps with the noop model, joined by an in-process transport), compares the
+answers and counts them; the user's answer is always the stable's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from localcluster.promtext import sample_sum, sample_values
+from modelserver.app import ModelServerApp
+from modelserver.config import load_settings
+from modelserver.loader import create_model
+from modelserver.service import ModelService
+from modelserver.shadow import SHADOW_HEADER, MirrorConfig, MirrorConfigError, ShadowMirror
+
+
+async def server(version: str, uri: str = "noop://", *args: str) -> tuple[ModelServerApp, ModelService]:
+    settings = load_settings(
+        ["--model-name", "m", "--model-version", version, "--model-uri", uri, *args], environ={}
+    )
+    svc = ModelService(settings, create_model(settings))
+    await svc.start()
+    return ModelServerApp(svc), svc
+
+
+class Recording(httpx.ASGITransport):
+    """The shadow's transport; remembers the headers of every copy it carried."""
+
+    def __init__(self, app: ModelServerApp) -> None:
+        super().__init__(app=app)
+        self.headers: list[httpx.Headers] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.headers.append(request.headers)
+        return await super().handle_async_request(request)
+
+
+async def pair(shadow_uri: str, rate: float = 1.0, timeout_ms: float = 5000, **mirror_kw):
+    shadow_app, shadow_svc = await server("2", shadow_uri)
+    transport = Recording(shadow_app)
+    stable_app, stable_svc = await server("1")
+    mirror = ShadowMirror("m", stable_svc.metrics, transport=transport, **mirror_kw)
+    stable_app.mirror = mirror
+    cfg = MirrorConfig(
+        url="http://shadow:8080", revision="rev2", sample_rate=rate, timeout_s=timeout_ms / 1000
+    )
+    mirror.configure(cfg)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=stable_app), base_url="http://stable")
+    return client, mirror, stable_svc, shadow_svc, transport
+
+
+def body(text: str) -> dict:
+    return {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}]}
+
+
+def shadow_counts(svc: ModelService) -> dict[str, float]:
+    text = svc.metrics.exposition().decode()
+    name = "modelserver_shadow_requests_total"
+    return {
+        r: sample_sum(text, name, shadow_revision="rev2", result=r)
+        for r in ("agree", "disagree", "error", "timeout", "dropped")
+    }
+
+
+async def run_requests(client: httpx.AsyncClient, n: int) -> list[dict]:
+    docs = []
+    for i in range(n):
+        r = await client.post("/v2/models/m/infer", json=body(f"request number {i}"))
+        assert r.status_code == 200
+        docs.append(r.json())
+    return docs
+
+
+async def close(client, mirror, *svcs):
+    await client.aclose()
+    await mirror.close()
+    for s in svcs:
+        await s.drain()
+
+
+async def test_the_same_model_agrees_and_users_only_get_the_stable_answer():
+    client, mirror, stable, shadow, transport = await pair("noop://")
+    docs = await run_requests(client, 20)
+    await mirror.drain()
+    assert {d["model_version"] for d in docs} == {"1"}
+    assert shadow_counts(stable) == {"agree": 20, "disagree": 0, "error": 0, "timeout": 0, "dropped": 0}
+    assert len(transport.headers) == 20 and all(h[SHADOW_HEADER] == "1" for h in transport.headers)
+    text = stable.metrics.exposition().decode()
+    assert sample_values(text, "modelserver_shadow_similarity_count") == [20]
+    assert sample_values(text, "modelserver_shadow_active") == [1]
+    assert sample_values(text, "modelserver_shadow_active", shadow_revision="rev2", sample_rate="1") == [1]
+    await close(client, mirror, stable, shadow)
+
+
+async def test_a_model_that_answers_fast_200_and_wrong_disagrees():
+    client, mirror, stable, shadow, _ = await pair("noop://?skew=1")
+    docs = await run_requests(client, 10)
+    await mirror.drain()
+    assert all(d["model_version"] == "1" for d in docs)
+    assert shadow_counts(stable)["disagree"] == 10 and shadow_counts(stable)["agree"] == 0
+    await close(client, mirror, stable, shadow)
+
+
+async def test_shadow_errors_and_timeouts_are_counted_and_users_are_unaffected():
+    client, mirror, stable, shadow, _ = await pair("noop://?fail_rate=1")
+    docs = await run_requests(client, 5)
+    await mirror.drain()
+    assert len(docs) == 5 and shadow_counts(stable)["error"] == 5
+    await close(client, mirror, stable, shadow)
+
+    client, mirror, stable, shadow, _ = await pair("noop://?delay_ms=300", timeout_ms=50)
+    t0 = asyncio.get_running_loop().time()
+    docs = await run_requests(client, 4)
+    elapsed = asyncio.get_running_loop().time() - t0
+    await mirror.drain()
+    assert shadow_counts(stable)["timeout"] == 4
+    assert elapsed < 1.2, "copies must never delay the user's answers (4 x 300 ms shadow)"
+    await close(client, mirror, stable, shadow)
+
+
+async def test_a_full_queue_drops_copies_and_counts_them():
+    client, mirror, stable, shadow, _ = await pair("noop://?delay_ms=200", queue_size=1, concurrency=1)
+    await run_requests(client, 6)
+    counts_now = shadow_counts(stable)
+    assert counts_now["dropped"] >= 3, counts_now
+    await mirror.drain()
+    counts = shadow_counts(stable)
+    assert counts["dropped"] + counts["agree"] == 6
+    await close(client, mirror, stable, shadow)
+
+
+async def test_sample_rate_copies_that_share_of_requests():
+    client, mirror, stable, shadow, _ = await pair("noop://", rate=0.25)
+    values = iter([0.1, 0.3, 0.2, 0.9] * 5)
+    mirror._sample = lambda: next(values)
+    await run_requests(client, 20)
+    await mirror.drain()
+    assert shadow_counts(stable)["agree"] == 10  # 0.1 and 0.2 of every four are below 0.25
+    await close(client, mirror, stable, shadow)
+
+
+async def test_errors_of_the_stable_are_never_copied():
+    client, mirror, stable, shadow, transport = await pair("noop://")
+    r = await client.post("/v2/models/m/infer", json={"inputs": []})
+    assert r.status_code == 400
+    await mirror.drain()
+    assert transport.headers == []
+    await close(client, mirror, stable, shadow)
+
+
+async def test_requested_outputs_and_binary_answers_are_compared():
+    client, mirror, stable, shadow, _ = await pair("noop://?skew=1")
+    r = await client.post(
+        "/v2/models/m/infer",
+        json={**body("a b c"), "outputs": [{"name": "echo", "parameters": {"binary_data": True}}]},
+    )
+    assert r.status_code == 200
+    await mirror.drain()
+    assert shadow_counts(stable)["agree"] == 1  # only `echo` was asked for, and it is right
+    await close(client, mirror, stable, shadow)
+
+
+async def test_the_target_file_is_followed_live(tmp_path: Path):
+    shadow_app, shadow_svc = await server("2")
+    _, stable_svc = await server("1")
+    mirror = ShadowMirror("m", stable_svc.metrics, transport=httpx.ASGITransport(app=shadow_app))
+    f = tmp_path / "shadow"
+    watch = asyncio.get_running_loop().create_task(mirror.watch(f, period=0.02))
+    await asyncio.sleep(0.05)
+    assert mirror.config is None  # no file: no shadow
+    f.write_text(json.dumps({"url": "http://s:8080", "revision": "r9", "sampleRate": 0.5}))
+    await asyncio.sleep(0.1)
+    assert mirror.config is not None and mirror.config.revision == "r9" and mirror.config.sample_rate == 0.5
+    f.write_text("{not json")
+    await asyncio.sleep(0.1)
+    assert mirror.config is None
+    f.write_text("")
+    await asyncio.sleep(0.1)
+    assert mirror.config is None
+    assert sample_values(stable_svc.metrics.exposition().decode(), "modelserver_shadow_active") == []
+    watch.cancel()
+    await mirror.close()
+    await stable_svc.drain()
+    await shadow_svc.drain()
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ('{"url": "ftp://x", "revision": "r"}', "http"),
+        ('{"url": "http://x"}', "KeyError"),
+        ('{"url": "http://x", "revision": "r", "sampleRate": 2}', "sampleRate"),
+        ('{"url": "http://x", "revision": "r", "compare": {"method": "fuzzy"}}', "compare method"),
+        ("[1]", "JSON object"),
+    ],
+)
+def test_bad_targets_are_refused_with_the_reason(text, error):
+    with pytest.raises(MirrorConfigError, match=error):
+        MirrorConfig.parse(text)
+
+
+def test_a_full_target_parses():
+    cfg = MirrorConfig.parse(
+        '{"url": "http://10.96.0.9:8080/", "revision": "abc", "sampleRate": 0.2, "timeoutMs": 750,'
+        ' "compare": {"method": "cosine", "minCosine": 0.95}}'
+    )
+    assert cfg is not None
+    assert (cfg.url, cfg.revision, cfg.sample_rate, cfg.timeout_s) == (
+        "http://10.96.0.9:8080",
+        "abc",
+        0.2,
+        0.75,
+    )
+    assert cfg.compare.method == "cosine" and cfg.compare.min_cosine == 0.95
+    assert MirrorConfig.parse("  \n") is None
