@@ -13,6 +13,10 @@ It watches pods bound to any node, takes those whose image maps to a local comma
   kubelet: phase, podIP, container states, restart counts, ``ContainersReady`` and ``Ready``, where
   ``Ready`` also requires every ``spec.readinessGates`` condition to be True;
 * restarts a crashed container (per restartPolicy, with back-off) and counts the restart;
+* provides ``downwardAPI`` volumes (:mod:`localcluster.volumes`): written the kubelet's atomic way under
+  ``<pod dir>/volumes/<name>``, rewritten whenever the watch brings a change of the pod's labels or
+  annotations, and bind-mounted at the container's ``mountPath`` in a private mount namespace of the
+  container (:mod:`localcluster.podmount`); removed with the pod;
 * on deletion runs the preStop hook, sends SIGTERM, waits the grace period, SIGKILLs what is left and
   removes the pod object.
 
@@ -27,6 +31,7 @@ import datetime as dt
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +48,7 @@ from .kubeapi import KubeAPI, KubeError
 from .podnet import PodNetwork
 from .podstatus import ContainerState, PodState, desired_status, status_differs
 from .probes import ProbeTracker, run_probe
+from .volumes import Mount, PodVolumes, VolumeError, container_mounts, wrap_command
 
 log = logging.getLogger("localcluster.agent")
 
@@ -100,6 +106,8 @@ class ContainerRunner:
         self.liveness = ProbeTracker(spec.get("livenessProbe"), result=True)
         self.restart_at = 0.0
         self.backoff = 1.0
+        self.mounts: list[Mount] = []
+        self.error: str | None = None  # why the container cannot start (a volume the agent refuses)
 
 
 class PodRunner:
@@ -114,6 +122,23 @@ class PodRunner:
         self.dir = agent.state_dir / "pods" / f"{self.ns}_{self.name}_{self.uid[:8]}"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.containers = [ContainerRunner(c) for c in pod["spec"]["containers"]]
+        self.volumes = PodVolumes(pod, self.dir / "volumes")
+        for c in self.containers:
+            if c.argv is None:
+                continue
+            try:
+                c.mounts, skipped = container_mounts(c.spec, self.volumes)
+            except VolumeError as exc:
+                c.error = str(exc)
+                continue
+            if skipped:
+                log.info(
+                    "%s/%s container %s: volume types other than downwardAPI are not mounted: %s",
+                    self.ns,
+                    self.name,
+                    c.spec["name"],
+                    ", ".join(skipped),
+                )
         self.state = PodState(
             pod_ip=self.ip, start_time=now_rfc3339(), containers=[c.state for c in self.containers]
         )
@@ -128,6 +153,7 @@ class PodRunner:
     def update(self, pod: dict[str, Any]) -> None:
         with self._lock:
             self.pod = pod
+        self.volumes.sync(pod)  # downwardAPI files follow label/annotation changes at once
 
     def vanish(self) -> None:
         """The pod object is gone (force-deleted): stop processes at once."""
@@ -243,15 +269,58 @@ class PodRunner:
         path.chmod(0o600)
         return path
 
+    def _event(self, reason: str, message: str, container: str) -> None:
+        stamp = now_rfc3339()
+        try:
+            self.agent.api.create(
+                f"/api/v1/namespaces/{self.ns}/events",
+                {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"generateName": f"{self.name}."},
+                    "involvedObject": {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "namespace": self.ns,
+                        "name": self.name,
+                        "uid": self.uid,
+                        "fieldPath": f"spec.containers{{{container}}}",
+                    },
+                    "reason": reason,
+                    "message": message,
+                    "type": "Warning",
+                    "source": {"component": "localcluster-agent"},
+                    "firstTimestamp": stamp,
+                    "lastTimestamp": stamp,
+                    "count": 1,
+                },
+            )
+        except KubeError as exc:
+            log.warning("event %s for %s/%s not posted: %s", reason, self.ns, self.name, exc)
+
+    def _exec_prefix(self, c: ContainerRunner) -> list[str]:
+        """Where exec probes and hooks run: in the container's own mount namespace when it has one."""
+        if c.mounts and c.proc is not None:
+            return ["nsenter", "-t", str(c.proc.pid), "-m", "-n", "--"]
+        return self.agent.net.exec_prefix()
+
     def _start(self, c: ContainerRunner) -> None:
         if c.argv is None:  # a sidecar of an unmapped image: reported running, nothing to run
             c.state.running = c.state.started = c.state.ready = True
             c.state.started_at = now_rfc3339()
             return
+        if c.error is not None:
+            c.state.waiting_reason = "CreateContainerConfigError"
+            log.warning("%s/%s container %s not started: %s", self.ns, self.name, c.spec["name"], c.error)
+            self._event("FailedMount", c.error, c.spec["name"])
+            return
+        scratch = self.dir / "mnt" / c.spec["name"]
+        if c.mounts:
+            scratch.mkdir(parents=True, exist_ok=True)
         logf = open(self.dir / f"{c.spec['name']}.log", "ab")  # noqa: SIM115 - owned by the child
         try:
             c.proc = subprocess.Popen(
-                [*self.agent.net.exec_prefix(), *c.argv],
+                wrap_command([*self.agent.net.exec_prefix(), *c.argv], c.mounts, scratch),
                 env=self._env(c.spec),
                 cwd=c.spec.get("workingDir") or self.dir,
                 stdin=subprocess.DEVNULL,
@@ -309,7 +378,7 @@ class PodRunner:
         try:
             if "exec" in hook:
                 subprocess.run(
-                    [*self.agent.net.exec_prefix(), *hook["exec"]["command"]],
+                    [*self._exec_prefix(c), *hook["exec"]["command"]],
                     env=self._env(c.spec),
                     timeout=budget_s,
                     capture_output=True,
@@ -341,6 +410,8 @@ class PodRunner:
             log.exception("pod runner %s/%s failed", self.ns, self.name)
             self._kill_all()
         finally:
+            self.volumes.remove()
+            shutil.rmtree(self.dir / "mnt", ignore_errors=True)
             self.agent.forget(self)
 
     def _tick(self) -> None:
@@ -352,8 +423,9 @@ class PodRunner:
                     self._reap(c, code)
                     continue
                 env: dict[str, str] = {}
+                prefix = self._exec_prefix(c)
                 if not c.state.started and c.startup.due(now):
-                    ok = run_probe(c.startup.probe or {}, c.spec, self.ip, env, self.agent.net.exec_prefix())
+                    ok = run_probe(c.startup.probe or {}, c.spec, self.ip, env, prefix)
                     if c.startup.record(ok, now):
                         c.state.started = True
                     elif c.startup.failures >= int((c.startup.probe or {}).get("failureThreshold", 3)):
@@ -363,22 +435,25 @@ class PodRunner:
                 if not c.state.started:
                     continue
                 if c.liveness.due(now) and not c.liveness.record(
-                    run_probe(c.liveness.probe or {}, c.spec, self.ip, env, self.agent.net.exec_prefix()), now
+                    run_probe(c.liveness.probe or {}, c.spec, self.ip, env, prefix), now
                 ):
                     log.warning("%s/%s liveness probe failed; restarting", self.ns, self.name)
                     self._restart(c)
                     continue
                 if c.readiness.due(now):
                     c.readiness.record(
-                        run_probe(
-                            c.readiness.probe or {}, c.spec, self.ip, env, self.agent.net.exec_prefix()
-                        ),
+                        run_probe(c.readiness.probe or {}, c.spec, self.ip, env, prefix),
                         now,
                     )
                 c.state.ready = c.readiness.result
                 if c.state.ready:
                     c.backoff = 1.0
-            elif c.argv is not None and c.state.terminated_exit_code is None and now >= c.restart_at:
+            elif (
+                c.argv is not None
+                and c.error is None
+                and c.state.terminated_exit_code is None
+                and now >= c.restart_at
+            ):
                 c.state.restart_count += 1
                 self._start(c)
 
@@ -412,6 +487,7 @@ class PodRunner:
                     self.pod["metadata"]["resourceVersion"]
                 ):
                     self.pod = updated
+            self.volumes.sync(updated)
 
     def _terminate(self, pod: dict[str, Any]) -> None:
         grace = float(pod["metadata"].get("deletionGracePeriodSeconds", 30))
