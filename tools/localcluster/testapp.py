@@ -2,12 +2,15 @@
 
 Routes: ``/healthz`` (always 200), ``/readyz`` (200 once ``--ready-after`` seconds passed, or 503 while
 the file named by ``--unready-file`` exists), ``/metrics`` (Prometheus text), ``/`` (JSON with the pid,
-pod name and request count). Binds to ``$TESTAPP_HOST`` (the pod IP given by the node agent).
+pod name and request count), ``/file?path=P`` (the file's content as the process sees it, 404 if
+missing; ``PUT`` tries to write it: 200, or 409 with the errno name). Binds to ``$TESTAPP_HOST`` (the
+pod IP given by the node agent).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
@@ -16,6 +19,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,9 +41,34 @@ def main(argv: list[str] | None = None) -> int:
             self.end_headers()
             self.wfile.write(body)
 
+        def _file(self) -> Path | None:
+            url = urlsplit(self.path)
+            if url.path != "/file":
+                return None
+            return Path((parse_qs(url.query).get("path") or [""])[0])
+
+        def do_PUT(self) -> None:
+            path = self._file()
+            if path is None:
+                self._send(404, b'{"error": "not found"}')
+                return
+            try:
+                path.write_text("written by testapp\n")
+            except OSError as exc:
+                name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+                self._send(409, json.dumps({"errno": name}).encode())
+                return
+            self._send(200, b'{"written": true}')
+
         def do_GET(self) -> None:
             counter["requests"] += 1
-            if self.path == "/healthz":
+            path = self._file()
+            if path is not None:
+                try:
+                    self._send(200, path.read_bytes(), "application/octet-stream")
+                except OSError as exc:
+                    self._send(404, json.dumps({"error": str(exc)}).encode())
+            elif self.path == "/healthz":
                 self._send(200, b'{"ok": true}')
             elif self.path == "/readyz":
                 ready = time.monotonic() - started >= args.ready_after
