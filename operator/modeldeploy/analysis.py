@@ -19,7 +19,15 @@ carries over from discovery (``modeldeploy_io_name``, ``modeldeploy_io_revision`
 * ``latency-ratio-to-stable``: canary p99 / stable p99 (max ``maxLatencyRatioToStable``, only when set
   and when there is a stable revision in traffic to compare with);
 * every ``metrics[]`` entry: a PromQL template with ``{{namespace}} {{name}} {{revision}} {{interval}}``
-  and a ``max`` or ``min`` threshold.
+  and a ``max`` or ``min`` threshold;
+* ``agreement`` (only with ``minAgreement``): the share of compared requests whose outputs agreed, from
+  the stable servers' ``modelserver_shadow_requests_total{shadow_revision}`` (see :mod:`modelserver.shadow`).
+
+The shadow stage (:func:`build_shadow_queries`) judges the shadow revision by ``shadow-samples`` (compared
+requests; fewer than ``minSamples`` is *no data*), ``agreement`` (min ``minAgreement``),
+``shadow-error-rate`` (copies answered with an error or not at all, max ``maxErrorRate``), the shadow
+server's own ``p99-latency-ms`` (max ``maxP99LatencyMs``), and reports ``shadow-dropped`` (copies the
+stable's bounded queue dropped: our capacity, not the shadow's fault) without judging it.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from .api import AnalysisSpec, AnalysisStatus, Measurement, parse_duration
+from .api import AnalysisSpec, AnalysisStatus, Measurement, ShadowSpec, parse_duration
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +47,12 @@ REQUESTS = "requests"
 ERROR_RATE = "error-rate"
 P99 = "p99-latency-ms"
 RATIO = "latency-ratio-to-stable"
+SAMPLES = "shadow-samples"
+AGREEMENT = "agreement"
+SHADOW_ERROR_RATE = "shadow-error-rate"
+SHADOW_DROPPED = "shadow-dropped"
+#: measurements whose shortfall is "not enough data", not a failure
+VOLUME_METRICS = (REQUESTS, SAMPLES)
 MEASUREMENTS_KEPT = 16
 
 Verdict = Literal["Pass", "Fail", "NoData"]
@@ -98,6 +112,51 @@ def p99_query(namespace: str, name: str, revision: str, win: str) -> str:
     return f"histogram_quantile(0.99, sum by (le) ({rate})) * 1000"
 
 
+def _copies(namespace: str, name: str, shadow: str, results: str, win: str) -> str:
+    sel = (
+        f'{{namespace="{namespace}",modeldeploy_io_name="{name}",shadow_revision="{shadow}",'
+        f'result=~"{results}"}}'
+    )
+    return f"sum(increase(modelserver_shadow_requests_total{sel}[{win}]))"
+
+
+def agreement_queries(namespace: str, name: str, shadow: str, win: str) -> tuple[str, str]:
+    """(compared requests, share that agreed) of the copies to ``shadow`` over ``win``."""
+    compared = _copies(namespace, name, shadow, "agree|disagree", win)
+    agreed = _copies(namespace, name, shadow, "agree", win)
+    return compared, f"{agreed} / {compared}"
+
+
+def build_shadow_queries(
+    shadow: ShadowSpec,
+    spec: AnalysisSpec,
+    *,
+    namespace: str,
+    name: str,
+    revision: str,
+    interval: str,
+    min_samples: float | None = None,
+) -> list[Query]:
+    """The queries that judge the shadow ``revision`` over the last ``interval`` (pure).
+    ``min_samples`` defaults to ``shadow.minSamples`` (a shorter window than the whole stage scales it)."""
+    win = window(interval)
+    compared, agreement = agreement_queries(namespace, name, revision, win)
+    failed = _copies(namespace, name, revision, "error|timeout", win)
+    sent = _copies(namespace, name, revision, "agree|disagree|error|timeout", win)
+    need = float(shadow.min_samples if min_samples is None else min_samples)
+    return [
+        Query(SAMPLES, compared, need, "min", revision),
+        Query(AGREEMENT, agreement, shadow.min_agreement, "min", revision),
+        Query(SHADOW_ERROR_RATE, f"({failed} or vector(0)) / {sent}", spec.max_error_rate, "max", revision),
+        Query(
+            P99, p99_query(namespace, name, revision, win), float(spec.max_p99_latency_ms), "max", revision
+        ),
+        Query(
+            SHADOW_DROPPED, _copies(namespace, name, revision, "dropped", win), None, "max", revision, True
+        ),
+    ]
+
+
 def build_queries(
     spec: AnalysisSpec,
     *,
@@ -106,8 +165,10 @@ def build_queries(
     revision: str,
     stable: str | None,
     interval: str,
+    agreement_with: str | None = None,
 ) -> list[Query]:
-    """The queries that judge ``revision`` over the last ``interval`` (pure)."""
+    """The queries that judge ``revision`` over the last ``interval`` (pure). With ``minAgreement`` and
+    ``agreement_with`` (the revision the stable servers copy to), the agreement of those copies too."""
     win = window(interval)
     sel = _selector(namespace, name, revision)
     bad = _selector(namespace, name, revision, 'code=~"5.."')
@@ -137,6 +198,9 @@ def build_queries(
                 optional=True,
             )
         )
+    if spec.min_agreement is not None and agreement_with is not None:
+        _, agreement = agreement_queries(namespace, name, agreement_with, win)
+        out.append(Query(AGREEMENT, agreement, spec.min_agreement, "min", revision))
     for m in spec.metrics:
         q = render(m.query, namespace=namespace, name=name, revision=revision, interval=win)
         if m.max is not None:
@@ -154,7 +218,7 @@ def _measure(s: Sample, now: datetime) -> Measurement:
         verdict = "NoData"
     elif q.threshold is None:
         verdict = "Pass"
-    elif q.metric == REQUESTS:
+    elif q.metric in VOLUME_METRICS:
         verdict = "Pass" if s.value >= q.threshold else "NoData"
     elif q.kind == "max":
         verdict = "Pass" if s.value <= q.threshold else "Fail"
@@ -186,7 +250,7 @@ def judge(samples: Sequence[Sample], now: datetime) -> Judgement:
     errors = [m for m in ms if m.verdict == "Error"]
     if errors:
         return Judgement("NoData", ms, errors[0])
-    req = by_metric.get(REQUESTS)
+    req = by_metric.get(REQUESTS) or by_metric.get(SAMPLES)
     if req is not None and req.verdict != "Pass":
         return Judgement("NoData", ms, req)
     failed = [m for m in ms if m.verdict == "Fail"]
@@ -274,6 +338,8 @@ def _describe(m: Measurement) -> str:
         return f"{m.metric}: no data"
     if m.metric == REQUESTS:
         return f"requests: {m.value:g} < minRequests {m.threshold:g}"
+    if m.metric == SAMPLES:
+        return f"compared requests: {m.value:g} < minSamples {m.threshold:g}"
     op = ">" if m.verdict == "Fail" and m.threshold is not None and m.value > m.threshold else "<"
     if m.verdict != "Fail":
         op = "vs"

@@ -400,6 +400,75 @@ class AnalysisSpec(_Model):
         description="Prometheus to query (default: the operator's --prometheus-url).",
     )
     metrics: list[MetricCheck] = Field(default_factory=list, max_length=16)
+    min_agreement: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Keep comparing outputs during every canary step and bakeTime: the stable copies "
+        "agreementSampleRate of its requests to the canary (in bakeTime: the new stable to the warm "
+        "previous revision); a lower share of agreeing answers fails the window.",
+    )
+    agreement_sample_rate: float = Field(
+        default=0.2, gt=0, le=1, description="Share of requests copied for minAgreement (canary, bake)."
+    )
+
+
+class CompareSpec(_Model):
+    """How a shadow's output and the stable's are said to agree (per request; every output must agree)."""
+
+    method: Literal["auto", "cosine", "argmax", "allclose", "exact"] = Field(
+        default="auto",
+        description="auto: integer/bool/bytes -> exact; a classification model's scores -> argmax; other "
+        "float tensors of rank >= 2 -> cosine per row, rank < 2 -> allclose. A custom handler's "
+        "compare(a, b) wins over any method.",
+    )
+    min_cosine: float = Field(default=0.99, ge=-1, le=1, description="cosine: the lowest row's minimum.")
+    rtol: float = Field(default=1.0e-3, ge=0, le=1, description="allclose: relative tolerance.")
+    atol: float = Field(default=1.0e-5, ge=0, description="allclose: absolute tolerance.")
+
+
+class ShadowSpec(_Model):
+    """A shadow stage before the first canary step: the stable servers copy a sample of the requests they
+    answer to the new revision (out of traffic), compare its outputs with theirs and count; the
+    agreement, the shadow's error rate and its p99 latency are judged at the end of ``duration``."""
+
+    duration: Duration = Field(
+        description="How long the new revision shadows the stable one (the clock starts once every stable "
+        "server reports that it is copying).",
+        json_schema_extra=_validations(
+            _cel("duration(self) >= duration('1s')", "spec.rollout.shadow.duration must be at least 1s")
+        ),
+    )
+    sample_rate: float = Field(
+        default=0.2, gt=0, le=1, description="Share of the stable revision's requests copied to the shadow."
+    )
+    min_samples: int = Field(
+        default=200,
+        ge=0,
+        le=100_000_000,
+        description="Fewer compared requests by the end of duration is no data (onNoData applies).",
+    )
+    min_agreement: float = Field(
+        default=0.99,
+        ge=0,
+        le=1,
+        description="Share of compared requests that must agree; below it, rollback.",
+    )
+    compare: CompareSpec = Field(default_factory=CompareSpec, json_schema_extra=_default_of(CompareSpec))
+    timeout: Duration = Field(default="5s", description="A copy unanswered this long counts as a timeout.")
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="Pods of the shadow revision (default: replicas x sampleRate, rounded up, at least 1).",
+    )
+
+    @field_validator("duration")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if parse_duration(value) < 1:
+            raise ValueError("spec.rollout.shadow.duration must be at least 1s")
+        return value
 
 
 class KeepPreviousSpec(_Model):
@@ -448,6 +517,9 @@ class RolloutSpec(_Model):
         default="0s", description="How long a failed revision's pods are kept for debugging."
     )
     paused: bool = Field(default=False, description="Hold the current step.")
+    shadow: ShadowSpec | None = Field(
+        default=None, description="A shadow stage before the first step (unset: none)."
+    )
 
     @field_validator("steps")
     @classmethod
@@ -502,8 +574,8 @@ class _StatusModel(_Model):
 
 
 ConditionStatus = Literal["True", "False", "Unknown"]
-Phase = Literal["Pending", "Progressing", "Paused", "Healthy", "Degraded", "Failed"]
-Role = Literal["stable", "canary", "previous", "old"]
+Phase = Literal["Pending", "Progressing", "Shadowing", "Paused", "Healthy", "Degraded", "Failed"]
+Role = Literal["stable", "canary", "shadow", "previous", "old"]
 
 
 class Condition(_StatusModel):
@@ -545,6 +617,21 @@ class Measurement(_StatusModel):
     verdict: Literal["Pass", "Fail", "NoData", "Error"]
     revision: str | None = Field(default=None, max_length=63)
     time: datetime
+
+
+class ShadowStatus(_StatusModel):
+    """The shadow stage of the canary revision (kept in status so a restarted operator resumes it)."""
+
+    revision: str = Field(max_length=63)
+    waiting_since: datetime | None = Field(
+        default=None, description="Since when the stage waits for its pods and for the stable to copy."
+    )
+    started_at: datetime | None = Field(
+        default=None, description="When every stable server reported copying (the stage's clock)."
+    )
+    copying_pods: int | None = Field(default=None, ge=0, description="Stable servers that report copying.")
+    agreement: float | None = Field(default=None, description="Agreement so far (since started_at).")
+    samples: int | None = Field(default=None, ge=0, description="Compared requests so far.")
 
 
 class AnalysisStatus(_StatusModel):
@@ -626,6 +713,7 @@ class ModelDeploymentStatus(_StatusModel):
         max_length=8,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
+    shadow: ShadowStatus | None = None
     analysis: AnalysisStatus | None = None
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
 

@@ -17,6 +17,11 @@ rollout policy are not part of it: changing them applies in place.
 Traffic: serving pods carry the readiness gate ``modeldeploy.io/in-traffic``. The operator sets that pod
 condition to True for pods that should serve and False for warm pods out of traffic, so pods go in and
 out of the Service's endpoints without a restart.
+
+Shadow copies: the operator sets the pod annotation ``modeldeploy.io/shadow`` on the pods that should copy
+a sample of their requests to another revision; the server reads it from a downward-API volume
+(``/etc/modeldeploy/podinfo/shadow``), which the kubelet refreshes without a restart. The target's
+revision Service publishes its not-ready (warm, out-of-traffic) pods while they are a copy target.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 ANNOTATION_REVISION_SPEC = "modeldeploy.io/revision-spec"
 ANNOTATION_APPLIED = "modeldeploy.io/applied-hash"
 READINESS_GATE = "modeldeploy.io/in-traffic"
+#: on a serving pod: where to copy a sample of its answered requests (JSON; see modelserver.shadow)
+ANNOTATION_SHADOW = "modeldeploy.io/shadow"
+PODINFO_DIR = "/etc/modeldeploy/podinfo"
+SHADOW_FILE = f"{PODINFO_DIR}/shadow"
 FIELD_MANAGER = "modeldeploy"
 MANAGED_BY = "modeldeploy-operator"
 
@@ -176,6 +185,7 @@ def server_env(md_name: str, spec: ModelDeploymentSpec) -> list[dict[str, str]]:
         "MODELSERVER_MAX_TIMEOUT_MS": str(b.max_timeout_ms),
         # "auto" picks CUDA when the pod got a GPU and falls back to CPU otherwise
         "MODELSERVER_DEVICE": "auto" if spec.resources.gpu > 0 else "cpu",
+        "MODELSERVER_SHADOW_FILE": SHADOW_FILE,
     }
     if m.sha256:
         env["MODELSERVER_MODEL_SHA256"] = m.sha256
@@ -232,7 +242,10 @@ def pod_template(md: ModelDeployment, spec: ModelDeploymentSpec, revision: str) 
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
+        ],
     }
     pod_spec: dict[str, Any] = {
         "containers": [container],
@@ -247,7 +260,23 @@ def pod_template(md: ModelDeployment, spec: ModelDeploymentSpec, revision: str) 
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            {
+                "name": "podinfo",
+                "downwardAPI": {
+                    "items": [
+                        {
+                            "path": "shadow",
+                            "fieldRef": {
+                                "apiVersion": "v1",
+                                "fieldPath": f"metadata.annotations['{ANNOTATION_SHADOW}']",
+                            },
+                        }
+                    ]
+                },
+            },
+        ],
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(spec.node_selector.items()))
@@ -323,8 +352,12 @@ def build_model_service(md: ModelDeployment) -> dict[str, Any]:
     )
 
 
-def build_revision_service(md: ModelDeployment, revision: str) -> dict[str, Any]:
-    """A Service over one revision's pods (a Gateway API backend; direct access for debugging)."""
+def build_revision_service(
+    md: ModelDeployment, revision: str, publish_not_ready: bool = False
+) -> dict[str, Any]:
+    """A Service over one revision's pods (a Gateway API backend; direct access for debugging; where
+    shadow copies go). ``publish_not_ready``: its warm, out-of-traffic pods are endpoints too (a shadow
+    revision, or a warm previous one being compared with the stable during bakeTime)."""
     labels = {**common_labels(md), LABEL_REVISION: revision, LABEL_COMPONENT: "revision-service"}
     return stamp(
         {
@@ -335,6 +368,7 @@ def build_revision_service(md: ModelDeployment, revision: str) -> dict[str, Any]
                 "type": "ClusterIP",
                 "selector": revision_selector_labels(md.name, revision),
                 "ports": [_service_port()],
+                "publishNotReadyAddresses": publish_not_ready,
             },
         }
     )

@@ -9,6 +9,12 @@ when a window is due, so the unit tests drive the whole machine with a fake cloc
 The rules (docs/operator.md, "Progressive delivery"):
 
 * The first revision goes straight to 100 %.
+* With ``rollout.shadow`` a new revision first *shadows* the stable one (phase Shadowing): its pods are
+  warm and out of traffic, the stable servers copy ``sampleRate`` of the requests they answer to it
+  (:class:`Mirror`, carried to them by a pod annotation) and compare the answers. The stage's clock
+  starts once every stable server reports copying (:class:`Probe`); at the end of ``duration`` (and
+  every ``interval`` before, if shorter) agreement, the shadow's error rate and p99 are judged: fail ->
+  rollback before any user saw the revision; pass -> the canary steps begin.
 * A new revision starts a canary at ``steps[0]``. A step's clock starts when its pods are in traffic;
   after ``interval`` the last window is judged (:mod:`modeldeploy.analysis`): pass -> next step (after
   the last step, 100, promotion); fail (``failureLimit`` consecutive failed windows, or no data past
@@ -41,12 +47,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from .analysis import Judgement, Outcome, advance, build_queries
+from .analysis import Judgement, Outcome, advance, build_queries, build_shadow_queries
 from .api import (
     HISTORY_LIMIT,
     AnalysisStatus,
+    CompareSpec,
     HistoryEntry,
     HistoryKind,
     HistoryOutcome,
@@ -55,6 +62,8 @@ from .api import (
     ModelDeploymentSpec,
     Role,
     RolloutSpec,
+    ShadowSpec,
+    ShadowStatus,
     parse_duration,
 )
 from .status import PodFacts, RevisionCounts
@@ -108,20 +117,72 @@ class AnalysisRequest:
     revision: str
     stable: str | None
     interval: str
-    phase: Literal["canary", "bake"]
+    phase: Literal["canary", "bake", "shadow"]
+    agreement_with: str | None = None  # the revision the stable copies to (minAgreement)
+    min_samples: float | None = None  # shadow: compared requests needed in this window
 
     def queries(self, md: ModelDeployment) -> list[Any]:
+        ro = md.spec.rollout
+        if self.phase == "shadow":
+            assert ro.shadow is not None
+            return build_shadow_queries(
+                ro.shadow,
+                ro.analysis,
+                namespace=self.namespace,
+                name=self.name,
+                revision=self.revision,
+                interval=self.interval,
+                min_samples=self.min_samples,
+            )
         return build_queries(
-            md.spec.rollout.analysis,
+            ro.analysis,
             namespace=self.namespace,
             name=self.name,
             revision=self.revision,
             stable=self.stable,
             interval=self.interval,
+            agreement_with=self.agreement_with,
         )
 
 
 Measure = Callable[[AnalysisRequest], Judgement]
+
+
+class Probe(Protocol):
+    """What the shadow stage asks Prometheus outside an analysis window (I/O; a fake in unit tests)."""
+
+    def copying(self, namespace: str, name: str, source: str, target: str) -> int | None:
+        """How many servers of ``source`` report that they copy to ``target`` (None: unknown)."""
+        ...
+
+    def agreement(
+        self, namespace: str, name: str, target: str, seconds: float
+    ) -> tuple[float | None, int | None]:
+        """(share that agreed, compared requests) of the copies to ``target`` over the last ``seconds``."""
+        ...
+
+
+@dataclass(frozen=True)
+class Mirror:
+    """The servers of ``source`` copy ``sample_rate`` of the requests they answer to ``target``."""
+
+    source: str
+    target: str
+    sample_rate: float
+    timeout_ms: float
+    compare: CompareSpec
+
+    def to_annotation(self, url: str) -> str:
+        """The pod annotation ``modeldeploy.io/shadow`` the source's servers read (modelserver.shadow)."""
+        c = self.compare
+        doc = {
+            "url": url,
+            "revision": self.target,
+            "sampleRate": self.sample_rate,
+            "timeoutMs": self.timeout_ms,
+            "compare": {"method": c.method, "minCosine": c.min_cosine, "rtol": c.rtol, "atol": c.atol},
+        }
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -130,6 +191,7 @@ class Command:
     revision: str | None = None
     step: int | None = None
     full: bool = False
+    shadow: bool = False  # issued against the shadow stage (promote: skip it)
 
 
 @dataclass
@@ -154,6 +216,8 @@ class Decision:
     results: list[RolloutResult] = field(default_factory=list)
     command_seen: bool = False  # a command annotation was read (handled or stale): remove it
     routing_mode: str = "replicas"
+    shadow: ShadowStatus | None = None  # the shadow stage, while in it
+    mirror: Mirror | None = None  # which servers copy requests where
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -208,6 +272,7 @@ def parse_command(md: ModelDeployment) -> Command | None:
             revision=data.get("revision") or None,
             step=int(step) if step is not None else None,
             full=bool(data.get("full", False)),
+            shadow=data.get("stage") == "shadow",
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -234,6 +299,27 @@ def _due(rollout: RolloutSpec, started: datetime, analysis: AnalysisStatus | Non
     return base + _seconds(rollout.interval)
 
 
+def shadow_replicas(replicas: int, shadow: ShadowSpec) -> int:
+    """Pods of a shadow revision: enough for its share of the copies (``replicas x sampleRate``)."""
+    if shadow.replicas is not None:
+        return shadow.replicas
+    return max(1, math.ceil(replicas * shadow.sample_rate - 1e-9))
+
+
+def agreement_mirror(rollout: RolloutSpec, source: str, target: str) -> Mirror | None:
+    """With ``analysis.minAgreement``: ``source``'s servers keep copying a sample to ``target``."""
+    if rollout.analysis.min_agreement is None:
+        return None
+    shadow = rollout.shadow
+    return Mirror(
+        source,
+        target,
+        rollout.analysis.agreement_sample_rate,
+        parse_duration(shadow.timeout) * 1000 if shadow else 5000.0,
+        shadow.compare if shadow else CompareSpec(),
+    )
+
+
 # ---------------------------------------------------------------------------------------------- context
 
 
@@ -256,6 +342,7 @@ class Rollout:
     events: list[Event] = field(default_factory=list)
     results: list[RolloutResult] = field(default_factory=list)
     wake: list[datetime] = field(default_factory=list)
+    probe: Probe | None = None
 
     @classmethod
     def observe(
@@ -266,6 +353,7 @@ class Rollout:
         counts: Mapping[str, RevisionCounts],
         now: datetime,
         measure: Measure | None,
+        probe: Probe | None = None,
     ) -> Rollout:
         st = md.status
         ctx = cls(
@@ -279,6 +367,7 @@ class Rollout:
             previous=st.previous_revision,
             previous_expires_at=st.previous_expires_at,
             history=list(st.history),
+            probe=probe,
         )
         previous = ctx.previous
         if previous is not None and (live_specs.get(previous) is None or previous == st.stable_revision):
@@ -360,12 +449,26 @@ class Rollout:
         revision: str,
         stable: str | None,
         analysis: AnalysisStatus | None,
-        phase: Literal["canary", "bake"],
+        phase: Literal["canary", "bake", "shadow"],
         what: str,
+        *,
+        window: str | None = None,
+        agreement_with: str | None = None,
+        min_samples: float | None = None,
     ) -> Outcome:
-        """Judge the last window of ``revision`` (against ``stable``), with an event for the verdict."""
+        """Judge the last window (``interval`` unless given) of ``revision`` (against ``stable``), with an
+        event for the verdict."""
         assert self.measure is not None
-        req = AnalysisRequest(self.md.namespace, self.md.name, revision, stable, self.rollout.interval, phase)
+        req = AnalysisRequest(
+            self.md.namespace,
+            self.md.name,
+            revision,
+            stable,
+            window or self.rollout.interval,
+            phase,
+            agreement_with=agreement_with if self.rollout.analysis.min_agreement is not None else None,
+            min_samples=min_samples,
+        )
         out = advance(self.rollout.analysis, analysis, self.measure(req), self.now)
         # a failed window is AnalysisFailed even below failureLimit; a held window (no data) AnalysisHold
         verdict = {"Pass": "AnalysisPassed", "Fail": "AnalysisFailed", "NoData": "AnalysisHold"}[out.verdict]
@@ -463,6 +566,7 @@ class CanaryStep:
     started: datetime | None  # when the step's pods were all in traffic
     waiting: datetime | None  # since when the step waits for its pods
     analysis: AnalysisStatus | None
+    shadow: ShadowStatus | None = None  # in the shadow stage (before ``step``)
 
 
 # ---------------------------------------------------------------------------------------------- decide
@@ -493,9 +597,10 @@ def decide(
     counts: Mapping[str, RevisionCounts],
     now: datetime,
     measure: Measure | None = None,
+    probe: Probe | None = None,
 ) -> Decision:
-    """The rollout decision for one reconcile (pure, given a pure ``measure``)."""
-    ctx = Rollout.observe(md, current, live_specs, counts, now, measure)
+    """The rollout decision for one reconcile (pure, given a pure ``measure`` and ``probe``)."""
+    ctx = Rollout.observe(md, current, live_specs, counts, now, measure, probe)
     return ctx.finish(_make_before_break(ctx, STATES[state_of(ctx)](ctx)))
 
 
@@ -585,21 +690,29 @@ def _abort_canary(ctx: Rollout) -> None:
     ctx.record(canary, "Aborted", "the spec went back to the stable revision")
 
 
+def _bake_end(ctx: Rollout) -> datetime | None:
+    """When the bake of the stable revision ends, while it bakes (promoted, with a warm previous)."""
+    if ctx.previous is None:
+        return None
+    promoted = latest_entry(ctx.history, ctx.stable)
+    if promoted is None or promoted.kind != "Promoted":
+        return None
+    end = promoted.time + _seconds(ctx.rollout.bake_time)
+    return end if ctx.now < end else None
+
+
 def _baking(ctx: Rollout, analysis: AnalysisStatus | None) -> tuple[AnalysisStatus | None, FailBack | None]:
     """During ``bakeTime`` after a promotion (with a warm previous to fail back to), the canary's analysis
-    goes on on the new stable revision."""
-    if ctx.previous is None:
+    goes on on the new stable revision (its agreement with the warm previous one, with minAgreement)."""
+    end = _bake_end(ctx)
+    if end is None:
         return analysis, None
     stable = ctx.stable
     promoted = latest_entry(ctx.history, stable)
-    if promoted is None or promoted.kind != "Promoted":
-        return analysis, None
-    end = promoted.time + _seconds(ctx.rollout.bake_time)
-    if ctx.now >= end:
-        return analysis, None
+    assert promoted is not None
     due = _due(ctx.rollout, promoted.time, analysis)
     if ctx.now >= due and ctx.measure is not None:
-        out = ctx.judge(stable, None, analysis, "bake", "bake")
+        out = ctx.judge(stable, None, analysis, "bake", "bake", agreement_with=ctx.previous)
         analysis = out.state
         if out.action == "fail":
             return analysis, FailBack(f"failed during bakeTime: {out.reason}", out.failing)
@@ -648,6 +761,8 @@ def _at_rest(ctx: Rollout, analysis: AnalysisStatus | None) -> Decision:
         progressing_message=f"revision {stable}: {ready}/{n} pods ready",
         command_seen=ctx.command is not None,
     )
+    if ctx.previous is not None and _bake_end(ctx) is not None:
+        d.mirror = agreement_mirror(ctx.rollout, stable, ctx.previous)
     failed = latest_entry(ctx.history, current) if current != stable else None
     if failed is not None and failed.kind in FAILED_KINDS:
         d.degraded_reason = failed.outcome
@@ -661,10 +776,8 @@ def _at_rest(ctx: Rollout, analysis: AnalysisStatus | None) -> Decision:
 def _canary(ctx: Rollout) -> Decision:
     """A canary of the current revision: each state function in turn, until one decides."""
     cs = _deploying(ctx)
-    # A shadow stage (mirrored traffic before the first step) will plug in here, as one more function
-    # ``(ctx, cs) -> (cs, CanaryDecision | None)`` in this list.
     decision: CanaryDecision | None = None
-    for state in (_command, _step, _judging):
+    for state in (_command, _shadowing, _step, _judging):
         cs, decision = state(ctx, cs)
         if decision is not None:
             break
@@ -682,11 +795,25 @@ def _deploying(ctx: Rollout) -> CanaryStep:
     st, current, steps = ctx.md.status, ctx.current, ctx.rollout.steps
     canary = st.canary_revision
     if canary == current:
+        shadow = st.shadow if st.shadow is not None and st.shadow.revision == current else None
         return CanaryStep(
-            min(st.step or 0, len(steps) - 1), st.step_started_at, st.step_waiting_since, st.analysis
+            min(st.step or 0, len(steps) - 1), st.step_started_at, st.step_waiting_since, st.analysis, shadow
         )
     if canary is not None and canary != ctx.stable and not has_failed(ctx.history, canary):
         ctx.record(canary, "Superseded", f"superseded by revision {current}")
+    sh = ctx.rollout.shadow
+    if sh is not None:
+        ctx.events.append(
+            Event(
+                "Normal",
+                "ShadowStarted",
+                f"revision {current}: shadow stage started ({sh.duration} on {sh.sample_rate:g} of the "
+                f"stable revision's requests, then steps {steps})",
+            )
+        )
+        return CanaryStep(
+            0, None, None, AnalysisStatus(), ShadowStatus(revision=current, waiting_since=ctx.now)
+        )
     ctx.events.append(Event("Normal", "CanaryStarted", f"revision {current}: canary started, steps {steps}"))
     return CanaryStep(0, None, None, AnalysisStatus())
 
@@ -700,6 +827,15 @@ def _command(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision |
         return cs, RollBack("Aborted", "aborted (kubectl modeldeploy abort)")
     if cmd.action == "promote" and cmd.full:
         return cs, Promote("promoted by hand (kubectl modeldeploy promote --full)")
+    if cmd.action == "promote" and cmd.shadow:
+        if cs.shadow is None:
+            return cs, None  # issued against a shadow stage that is over: stale
+        ctx.events.append(
+            Event("Normal", "ShadowSkipped", f"revision {ctx.current}: shadow stage skipped by hand")
+        )
+        return _end_shadow(ctx, cs), None
+    if cs.shadow is not None:
+        return cs, None  # a step command does not apply to the shadow stage
     if cmd.action == "promote" and cmd.step == cs.step:
         if cs.step + 1 >= len(ctx.rollout.steps):
             return cs, Promote("promoted by hand at the last step (kubectl modeldeploy promote)")
@@ -709,6 +845,126 @@ def _command(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision |
             )
         )
         return replace(cs, step=cs.step + 1, started=None, waiting=None), None
+    return cs, None
+
+
+#: how soon the shadow stage looks again while it waits for the stable servers to copy (a Prometheus
+#: signal, not a watch event), and how often its live agreement is refreshed in status
+SHADOW_RECHECK = timedelta(seconds=2)
+SHADOW_REFRESH = timedelta(seconds=5)
+
+
+def _end_shadow(ctx: Rollout, cs: CanaryStep) -> CanaryStep:
+    """The shadow stage is over: step 0 begins (its clock starts once its pods are in traffic)."""
+    kept = cs.analysis.measurements if cs.analysis else []
+    return replace(
+        cs, step=0, shadow=None, started=None, waiting=ctx.now, analysis=AnalysisStatus(measurements=kept)
+    )
+
+
+def _shadowing(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
+    """The shadow stage: wait for the shadow's pods (warm, out of traffic) and for every stable server to
+    report copying (never past ``progressDeadline``); then judge at the end of ``duration`` (and every
+    ``interval`` before it, if shorter): fail -> rollback, pass -> the canary steps, hold -> again one
+    interval later. Not judged while paused."""
+    sh = cs.shadow
+    if sh is None:
+        return cs, None
+    ro, now, current, stable = ctx.rollout, ctx.now, ctx.current, ctx.stable
+    spec = ro.shadow
+    if spec is None:
+        ctx.events.append(
+            Event(
+                "Normal", "ShadowSkipped", f"revision {current}: spec.rollout.shadow was removed; steps begin"
+            )
+        )
+        return _end_shadow(ctx, cs), None
+    if sh.started_at is None:
+        return _shadow_waiting(ctx, cs, sh, spec)
+    started = sh.started_at
+    end = started + _seconds(spec.duration)
+    if ctx.probe is not None:
+        agreement, samples = ctx.probe.agreement(
+            ctx.md.namespace, ctx.md.name, current, max(1.0, (now - started).total_seconds())
+        )
+        sh = sh.model_copy(update={"agreement": agreement, "samples": samples})
+        cs = replace(cs, shadow=sh)
+    if ro.paused:
+        return cs, None
+    if now < end:
+        ctx.at(min(end, now + SHADOW_REFRESH))
+        if parse_duration(ro.interval) >= parse_duration(spec.duration):
+            return cs, None
+        due = _due(ro, started, cs.analysis)
+        if due >= end:
+            return cs, None
+        if now < due or ctx.measure is None:
+            ctx.at(due)
+            return cs, None
+        scale = parse_duration(ro.interval) / parse_duration(spec.duration)
+        out = ctx.judge(
+            current, stable, cs.analysis, "shadow", "shadow", min_samples=spec.min_samples * scale
+        )
+        cs = replace(cs, analysis=out.state)
+        if out.action == "fail":
+            return cs, RollBack("RolledBack", f"shadow stage failed: {out.reason}", out.failing)
+        ctx.at(_due(ro, started, cs.analysis))
+        return cs, None
+    last = cs.analysis.last_run if cs.analysis else None
+    due = end if last is None or last < end else last + _seconds(ro.interval)
+    if now < due or ctx.measure is None:
+        ctx.at(due)
+        return cs, None
+    out = ctx.judge(current, stable, cs.analysis, "shadow", "end of the shadow stage", window=spec.duration)
+    cs = replace(cs, analysis=out.state)
+    if out.action == "fail":
+        return cs, RollBack("RolledBack", f"shadow stage failed: {out.reason}", out.failing)
+    if out.action == "hold":
+        ctx.at(now + _seconds(ro.interval))
+        return cs, None
+    ctx.events.append(
+        Event(
+            "Normal", "ShadowPassed", f"revision {current}: shadow stage passed ({out.reason}); steps begin"
+        )
+    )
+    return _end_shadow(ctx, cs), None
+
+
+def _shadow_waiting(
+    ctx: Rollout, cs: CanaryStep, sh: ShadowStatus, spec: ShadowSpec
+) -> tuple[CanaryStep, CanaryDecision | None]:
+    """Before the shadow's clock: its pods warm, then every stable server copying."""
+    ro, now, current, stable = ctx.rollout, ctx.now, ctx.current, ctx.stable
+    want = shadow_replicas(ctx.replicas, spec)
+    warm = ctx.counts.get(current, RevisionCounts()).ready
+    servers = ctx.counts.get(stable, RevisionCounts()).ready
+    copying: int | None = None
+    if warm >= want and ctx.probe is not None:
+        copying = ctx.probe.copying(ctx.md.namespace, ctx.md.name, stable, current)
+    if warm >= want and copying is not None and copying >= max(1, servers):
+        ctx.events.append(
+            Event(
+                "Normal",
+                "ShadowCopying",
+                f"revision {current}: {copying} stable server(s) copy {spec.sample_rate:g} of their requests "
+                f"to it; the shadow clock ({spec.duration}) starts",
+            )
+        )
+        sh = sh.model_copy(update={"started_at": now, "waiting_since": None, "copying_pods": copying})
+        ctx.at(now + min(_seconds(spec.duration), _seconds(ro.interval)))
+        return replace(cs, shadow=sh, analysis=AnalysisStatus()), None
+    waiting = sh.waiting_since or now
+    cs = replace(cs, shadow=sh.model_copy(update={"waiting_since": waiting, "copying_pods": copying}))
+    ctx.at(now + SHADOW_RECHECK)
+    if ro.paused:
+        return cs, None
+    deadline = waiting + _seconds(ro.progress_deadline)
+    if now >= deadline:
+        why = f"{warm}/{want} shadow pods warm, {copying or 0}/{servers} stable servers copying"
+        return cs, RollBack(
+            "Aborted", f"progressDeadline {ro.progress_deadline} exceeded in the shadow stage: {why}"
+        )
+    ctx.at(deadline)
     return cs, None
 
 
@@ -723,6 +979,8 @@ def _split(ctx: Rollout, step: int) -> tuple[int, int]:
 def _step(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
     """The step's pods: its clock starts once they are in traffic; waiting for them never lasts past
     ``progressDeadline`` (never silently forever), except while paused."""
+    if cs.shadow is not None:
+        return cs, None
     if cs.started is not None:
         return replace(cs, waiting=None), None
     ro, now = ctx.rollout, ctx.now
@@ -750,7 +1008,7 @@ def _judging(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision |
     """A step whose interval is over is judged: pass -> next step (or promotion after the last),
     fail -> rollback, hold -> judged again one interval later. Not while paused."""
     ro, started = ctx.rollout, cs.started
-    if started is None or ro.paused:
+    if started is None or ro.paused or cs.shadow is not None:
         return cs, None
     due = _due(ro, started, cs.analysis)
     if ctx.now < due or ctx.measure is None:
@@ -758,7 +1016,14 @@ def _judging(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision |
         return cs, None
     step, weight = cs.step, ro.steps[cs.step]
     stable = ctx.stable if weight < 100 else None
-    out = ctx.judge(ctx.current, stable, cs.analysis, "canary", f"step {step}, {weight}%")
+    out = ctx.judge(
+        ctx.current,
+        stable,
+        cs.analysis,
+        "canary",
+        f"step {step}, {weight}%",
+        agreement_with=stable and ctx.current,
+    )
     cs = replace(cs, analysis=out.state)
     if out.action == "fail":
         reason = f"analysis failed at step {step} ({weight}%): {out.reason}"
@@ -786,7 +1051,10 @@ def _next_step(ctx: Rollout, cs: CanaryStep) -> CanaryStep:
 
 
 def _progressing(ctx: Rollout, cs: CanaryStep) -> Decision:
-    """Mid-canary: the stable keeps all its pods, ``s`` of them in traffic next to the step's canary pods."""
+    """Mid-canary: the stable keeps all its pods, ``s`` of them in traffic next to the step's canary pods.
+    In the shadow stage: every stable pod in traffic, the shadow's pods warm and out of traffic."""
+    if cs.shadow is not None:
+        return _shadow_progressing(ctx, cs, cs.shadow)
     stable, current, ro = ctx.stable, ctx.current, ctx.rollout
     steps, weight = ro.steps, ro.steps[cs.step]
     c_pods, s_in = _split(ctx, cs.step)
@@ -815,6 +1083,60 @@ def _progressing(ctx: Rollout, cs: CanaryStep) -> Decision:
         progressing_reason="CanaryPaused" if ro.paused else "CanaryProgressing",
         progressing_message=message,
         command_seen=ctx.command is not None,
+        mirror=agreement_mirror(ro, stable, current) if weight < 100 else None,
+    )
+
+
+def _shadow_progressing(ctx: Rollout, cs: CanaryStep, sh: ShadowStatus) -> Decision:
+    stable, current, ro, n = ctx.stable, ctx.current, ctx.rollout, ctx.replicas
+    spec = ro.shadow
+    assert spec is not None
+    want = shadow_replicas(n, spec)
+    warm_prev = ctx.warm_previous(stable, current)
+    previous = ctx.previous if warm_prev else None
+    targets = [
+        Target(stable, ctx.spec_of(stable), n, "stable", n),
+        Target(current, ctx.spec, want, "shadow", 0),
+        *warm_prev,
+        *ctx.failed(stable, current, previous or ""),
+    ]
+    warm = ctx.counts.get(current, RevisionCounts()).ready
+    if sh.started_at is None:
+        what = (
+            f"waiting for {want - warm} shadow pod(s)"
+            if warm < want
+            else f"waiting for the stable servers to copy ({sh.copying_pods or 0} do)"
+        )
+    else:
+        so_far = "no compared requests yet"
+        if sh.samples:
+            so_far = (
+                f"agreement {sh.agreement:.4f} over {sh.samples} compared requests"
+                if sh.agreement is not None
+                else f"{sh.samples} compared"
+            )
+        what = f"{so_far}; ends {(sh.started_at + _seconds(spec.duration)).strftime('%H:%M:%SZ')}"
+    paused = " (paused)" if ro.paused else ""
+    return Decision(
+        targets=targets,
+        stable=stable,
+        canary=current,
+        previous=previous,
+        previous_expires_at=ctx.previous_expires_at if warm_prev else None,
+        weight=0,
+        step=0,
+        analysis=cs.analysis,
+        progressing_reason="CanaryPaused" if ro.paused else "Shadowing",
+        progressing_message=(
+            f"revision {current}: shadowing {stable} ({spec.sample_rate:g} of requests): {what}{paused}"
+        ),
+        command_seen=ctx.command is not None,
+        shadow=sh,
+        mirror=(
+            Mirror(stable, current, spec.sample_rate, parse_duration(spec.timeout) * 1000, spec.compare)
+            if warm >= want
+            else None
+        ),
     )
 
 

@@ -1,7 +1,8 @@
 """``kubectl-modeldeploy``: the kubectl plugin (``kubectl modeldeploy ...`` when on PATH).
 
     kubectl modeldeploy status NAME [-n NS] [--watch] [--output text|json]
-    kubectl modeldeploy promote NAME [--full]   # next step now, or straight to 100 % and promoted
+    kubectl modeldeploy promote NAME [--full]   # next step now (in the shadow stage: skip it), or
+                                                # straight to 100 % and promoted
     kubectl modeldeploy abort NAME              # roll the canary back now
     kubectl modeldeploy rollback NAME           # fail back to the warm previous revision
     kubectl modeldeploy pause NAME | resume NAME
@@ -68,6 +69,26 @@ def render_status(md: dict[str, Any], now: datetime | None = None) -> str:
         f"step {_step(spec, st)}  previous {st.get('previousRevision') or '-'}"
         + (f" (warm until {st['previousExpiresAt']})" if st.get("previousExpiresAt") else ""),
     ]
+    sh = st.get("shadow")
+    if sh:
+        shadow_spec = (spec.get("rollout") or {}).get("shadow") or {}
+        if sh.get("startedAt"):
+            agreement = sh.get("agreement")
+            so_far = (
+                f"agreement {agreement:.4f} over {sh.get('samples') or 0} compared requests"
+                if agreement is not None
+                else f"{sh.get('samples') or 0} compared requests"
+            )
+            lines.append(
+                f"  shadow: {so_far} (minAgreement {shadow_spec.get('minAgreement', 0.99)}, "
+                f"minSamples {shadow_spec.get('minSamples', 200)}); started {_age(sh['startedAt'], now)} ago "
+                f"of {shadow_spec.get('duration', '?')}"
+            )
+        else:
+            lines.append(
+                f"  shadow: waiting for warm pods and for the stable servers to copy "
+                f"({sh.get('copyingPods') or 0} copying) since {_age(sh.get('waitingSince'), now)}"
+            )
     pending = (meta.get("annotations") or {}).get(COMMAND_ANNOTATION)
     if pending:
         lines.append(f"  pending command: {pending}")
@@ -171,6 +192,8 @@ def command_for(action: str, md: dict[str, Any], full: bool = False) -> dict[str
     if action == "promote":
         if not canary:
             raise ValueError("no canary in progress")
+        if st.get("shadow") and not full:  # the shadow stage: skip it (the steps begin)
+            return {"action": "promote", "revision": canary, "stage": "shadow"}
         return {"action": "promote", "revision": canary, "step": st.get("step", 0), "full": full}
     if action == "abort":
         if not canary:

@@ -7,8 +7,10 @@ A pure function of its inputs (:func:`plan`). The reconciler only executes the r
 2. ``apply``: the desired children (Deployments, Services, PDB), applied only where they differ;
 3. ``delete``: owned children that no longer belong;
 4. ``pod_gates``: pods whose ``modeldeploy.io/in-traffic`` condition must be set;
-5. ``status``: the new status (written only when it differs from the live one);
-6. ``events``: what happened that the user should see (condition flips, unschedulable pods).
+5. ``pod_annotations``: pods whose ``modeldeploy.io/shadow`` annotation (where they copy a sample of their
+   requests to, or nothing) must change;
+6. ``status``: the new status (written only when it differs from the live one);
+7. ``events``: what happened that the user should see (condition flips, unschedulable pods).
 
 The rollout policy is :mod:`modeldeploy.canary` (progressive delivery, pure); the analysis it needs is
 passed in as a function (``measure``), called only when a window is due, so a plan stays a pure
@@ -32,6 +34,7 @@ from .status import (
     PROGRESSING,
     READY,
     ConditionSpec,
+    PodFacts,
     RevisionCounts,
     count_pods,
     flipped,
@@ -75,6 +78,7 @@ class Plan:
     requeue_after: float | None = None
     results: list[str] = field(default_factory=list)  # rollout results, for the operator metric
     clear_command: bool = False  # remove the handled modeldeploy.io/command annotation
+    pod_annotations: list[tuple[str, str | None]] = field(default_factory=list)  # (pod, shadow target)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -115,10 +119,42 @@ def route_weight(decision: canary.Decision, counts: Mapping[str, RevisionCounts]
     return decision.weight if counts.get(decision.canary, RevisionCounts()).in_traffic > 0 else 0
 
 
+def mirror_url(md: ModelDeployment, services: Sequence[Mapping[str, Any]], target: str) -> str | None:
+    """Where copies to ``target`` go: its revision Service's ClusterIP (None until it has one)."""
+    name = builders.revision_service_name(md.name, target)
+    for svc in services:
+        if svc.get("metadata", {}).get("name") == name:
+            ip = (svc.get("spec") or {}).get("clusterIP")
+            if ip and ip != "None":
+                host = f"[{ip}]" if ":" in ip else ip
+                return f"http://{host}:{builders.SERVER_PORT}"
+    return None
+
+
+def shadow_annotations(
+    facts: Sequence[PodFacts], mirror: canary.Mirror | None, url: str | None
+) -> list[tuple[str, str | None]]:
+    """Pods whose ``modeldeploy.io/shadow`` annotation must change: the source revision's pods copy to the
+    mirror's target, every other pod copies nowhere (terminating pods are left alone)."""
+    want = mirror.to_annotation(url) if mirror is not None and url is not None else None
+    out: list[tuple[str, str | None]] = []
+    for p in facts:
+        if p.terminating:
+            continue
+        value = want if mirror is not None and p.revision == mirror.source else None
+        if p.shadow != value:
+            out.append((p.name, value))
+    return sorted(out, key=lambda x: x[0])
+
+
 def plan(
-    md: ModelDeployment, observed: Observed, now: datetime, measure: canary.Measure | None = None
+    md: ModelDeployment,
+    observed: Observed,
+    now: datetime,
+    measure: canary.Measure | None = None,
+    probe: canary.Probe | None = None,
 ) -> Plan:
-    """Everything to do for one ModelDeployment (pure, given a pure ``measure``)."""
+    """Everything to do for one ModelDeployment (pure, given a pure ``measure`` and ``probe``)."""
     current = builders.spec_revision(md.spec)
     uid = md.uid
     deployments = [d for d in observed.deployments if owned_by(d, uid)]
@@ -129,8 +165,10 @@ def plan(
     counts = count_pods(facts)
     live_specs = _live_revision_specs(md, deployments)
 
-    decision = canary.decide(md, current, live_specs, counts, now, measure)
+    decision = canary.decide(md, current, live_specs, counts, now, measure, probe)
     targets = decision.targets
+    mirror = decision.mirror
+    in_traffic = {t.revision: t.in_traffic_pods for t in targets}
 
     # -- desired children
     desired: list[dict[str, Any]] = []
@@ -138,7 +176,8 @@ def plan(
         desired.append(builders.build_deployment(md, t.spec, t.revision, t.replicas))
     desired.append(builders.build_model_service(md))
     for t in targets:
-        desired.append(builders.build_revision_service(md, t.revision))
+        publish = mirror is not None and mirror.target == t.revision and in_traffic.get(t.revision, 0) == 0
+        desired.append(builders.build_revision_service(md, t.revision, publish_not_ready=publish))
     desired.append(builders.build_pdb(md))
     if md.spec.rollout.traffic_routing.mode == "gatewayAPI":
         weight = route_weight(decision, counts)
@@ -152,8 +191,11 @@ def plan(
         if (o.get("kind"), o["metadata"]["name"]) not in desired_names
     ]
 
-    # -- readiness gates: how many pods of each revision in traffic
+    # -- readiness gates: how many pods of each revision in traffic; who copies requests where
     gates = canary.pod_gates(facts, targets)
+    annotations = shadow_annotations(
+        facts, mirror, mirror_url(md, services, mirror.target) if mirror else None
+    )
 
     status, events = compute_status(md, current, decision, counts, now)
     requeue = None
@@ -170,6 +212,7 @@ def plan(
         requeue_after=requeue,
         results=list(decision.results),
         clear_command=decision.command_seen,
+        pod_annotations=annotations,
     )
 
 
@@ -261,6 +304,7 @@ def compute_status(
             "step_started_at": decision.step_started_at,
             "step_waiting_since": decision.step_waiting_since,
             "analysis": decision.analysis,
+            "shadow": decision.shadow,
             "replicas": sum(t.replicas for t in decision.targets),
             "ready_replicas": in_traffic_total,
             "ready": ready_text,
@@ -268,7 +312,11 @@ def compute_status(
             "conditions": conditions,
             "history": decision.history,
             "phase": phase_of(
-                is_ready, progressing, degraded_c.status == "True", md.spec.rollout.paused and progressing
+                is_ready,
+                progressing,
+                degraded_c.status == "True",
+                md.spec.rollout.paused and progressing,
+                shadowing=decision.shadow is not None,
             ),
         }
     )

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from . import builders as b
 from . import kube as k
 from . import metrics
-from .analysis import Judgement, PrometheusAnalyzer, Sample, judge
+from .analysis import Judgement, PrometheusAnalyzer, Query, Sample, agreement_queries, judge, window
 from .api import API_VERSION, KIND, Condition, ModelDeployment, ModelDeploymentStatus
 from .canary import COMMAND_ANNOTATION, AnalysisRequest
 from .diff import Path, mismatches, needs_apply
@@ -43,6 +43,38 @@ class Conflict(Exception):
 
 class Analyzer(Protocol):
     def measure(self, queries: Sequence[Any]) -> list[Sample]: ...
+
+
+class PrometheusProbe:
+    """The shadow stage's questions to Prometheus outside an analysis window (:class:`canary.Probe`)."""
+
+    def __init__(self, analyzer: Analyzer) -> None:
+        self.analyzer = analyzer
+
+    def _value(self, metric: str, promql: str, revision: str) -> float | Exception | None:
+        [s] = self.analyzer.measure([Query(metric, promql, None, "max", revision)])
+        return RuntimeError(s.error) if s.error is not None else s.value
+
+    def copying(self, namespace: str, name: str, source: str, target: str) -> int | None:
+        sel = (
+            f'namespace="{namespace}",modeldeploy_io_name="{name}",modeldeploy_io_revision="{source}",'
+            f'shadow_revision="{target}"'
+        )
+        v = self._value("copying", f"count(modelserver_shadow_active{{{sel}}} == 1)", target)
+        if isinstance(v, Exception):
+            return None
+        return int(v) if v is not None else 0
+
+    def agreement(
+        self, namespace: str, name: str, target: str, seconds: float
+    ) -> tuple[float | None, int | None]:
+        compared, agreed = agreement_queries(namespace, name, target, window(f"{max(1, round(seconds))}s"))
+        n = self._value("live-samples", compared, target)
+        share = self._value("live-agreement", agreed, target)
+        return (
+            share if isinstance(share, float) else None,
+            round(n) if isinstance(n, float) else None,
+        )
 
 
 class Reconciler:
@@ -78,14 +110,21 @@ class Reconciler:
         )
 
     # -------------------------------------------------------------------------------- analysis
+    def _analyzer(self, md: ModelDeployment) -> Analyzer:
+        url = md.spec.rollout.analysis.prometheus_url or self.prometheus_url
+        analyzer = self._analyzers.get(url)
+        if analyzer is None:
+            analyzer = self._analyzers[url] = self._analyzer_factory(url)
+        return analyzer
+
+    def probe_for(self, md: ModelDeployment) -> PrometheusProbe:
+        return PrometheusProbe(self._analyzer(md))
+
     def measure_for(self, md: ModelDeployment) -> Callable[[AnalysisRequest], Judgement]:
         """The analysis the plan calls when a window is due (Prometheus I/O, one query per check)."""
-        url = md.spec.rollout.analysis.prometheus_url or self.prometheus_url
 
         def measure(req: AnalysisRequest) -> Judgement:
-            analyzer = self._analyzers.get(url)
-            if analyzer is None:
-                analyzer = self._analyzers[url] = self._analyzer_factory(url)
+            analyzer = self._analyzer(md)
             samples = analyzer.measure(req.queries(md))
             j = judge(samples, self.clock())
             for m in j.measurements:
@@ -138,7 +177,7 @@ class Reconciler:
         ns, name = md.namespace, md.name
         observed = self.observe(ns, name, routes=md.spec.rollout.traffic_routing.mode == "gatewayAPI")
         now = self.clock()
-        p = plan(md, observed, now, self.measure_for(md))
+        p = plan(md, observed, now, self.measure_for(md), self.probe_for(md))
         result = Result(plan=p, requeue_after=p.requeue_after)
         live = {
             (o["kind"], o["metadata"]["name"]): o
@@ -168,6 +207,10 @@ class Reconciler:
             else:
                 what = ", ".join(".".join(str(x) for x in d) for d in drift[:5]) or "desired state changed"
                 self.event(raw, EventSpec("Normal", "Updated", f"updated {obj['kind']} {key[1]} ({what})"))
+
+        for pod, target in p.pod_annotations:
+            if self.set_pod_annotation(ns, pod, b.ANNOTATION_SHADOW, target):
+                result.writes += 1
 
         for d in p.delete:
             rt = k.BY_KIND[d.kind]
@@ -206,6 +249,15 @@ class Reconciler:
         }
         try:
             self.kube.strategic_patch(k.POD, namespace, pod, {"status": {"conditions": [cond]}}, sub="status")
+            return True
+        except k.KubeError as e:
+            if e.status == 404:
+                return False
+            raise
+
+    def set_pod_annotation(self, namespace: str, pod: str, key: str, value: str | None) -> bool:
+        try:
+            self.kube.merge_patch(k.POD, namespace, pod, {"metadata": {"annotations": {key: value}}})
             return True
         except k.KubeError as e:
             if e.status == 404:

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .api import Condition, ModelDeploymentStatus
-from .builders import LABEL_REVISION, READINESS_GATE
+from .builders import ANNOTATION_SHADOW, LABEL_REVISION, READINESS_GATE
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -44,6 +44,7 @@ class PodFacts:
     containers_ready: bool
     ready: bool
     gate: str | None  # status of the modeldeploy.io/in-traffic condition, None when absent
+    shadow: str | None = None  # the modeldeploy.io/shadow annotation (where it copies requests)
 
 
 def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -67,6 +68,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
         containers_ready=conds.get("ContainersReady", {}).get("status") == "True",
         ready=conds.get("Ready", {}).get("status") == "True",
         gate=conds.get(READINESS_GATE, {}).get("status"),
+        shadow=(meta.get("annotations") or {}).get(ANNOTATION_SHADOW),
     )
 
 
@@ -156,11 +158,11 @@ def flipped(old: ModelDeploymentStatus, new: ModelDeploymentStatus) -> list[Cond
     return out
 
 
-def phase_of(ready: bool, progressing: bool, degraded: bool, paused: bool) -> str:
+def phase_of(ready: bool, progressing: bool, degraded: bool, paused: bool, shadowing: bool = False) -> str:
     if degraded:
         return "Degraded"
     if progressing:
-        return "Paused" if paused else "Progressing"
+        return "Paused" if paused else ("Shadowing" if shadowing else "Progressing")
     if ready:
         return "Healthy"
     return "Pending"

@@ -87,10 +87,11 @@ controller.py, kube.py) and from kopf's watches; nothing else is called. No Secr
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [list, watch, create, patch, delete]
-# Serving pods: watched and listed for readiness, per-revision counts and scheduling failures.
+# Serving pods: watched and listed for readiness, per-revision counts and scheduling failures; patched
+# for the modeldeploy.io/shadow annotation (where a pod copies a sample of its requests: shadow stage).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch]
+  verbs: [list, watch, patch]
 # The modeldeploy.io/in-traffic readiness gate: a strategic-merge patch of the pod's status conditions.
 - apiGroups: [""]
   resources: [pods/status]

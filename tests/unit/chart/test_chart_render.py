@@ -19,7 +19,7 @@ NAMESPACED_RULES = {
     ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},
     ("", "services"): {"list", "watch", "create", "patch", "delete"},
     ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
-    ("", "pods"): {"list", "watch"},
+    ("", "pods"): {"list", "watch", "patch"},
     ("", "pods/status"): {"patch"},
     ("", "events"): {"create"},
 }

@@ -10,12 +10,33 @@ from typing import Any
 from md_cases import BASE_MD
 from md_fakekube import FakeKube
 from modeldeploy import builders as b
-from modeldeploy.analysis import ERROR_RATE, P99, RATIO, REQUESTS, Sample
+from modeldeploy.analysis import (
+    AGREEMENT,
+    ERROR_RATE,
+    P99,
+    RATIO,
+    REQUESTS,
+    SAMPLES,
+    SHADOW_ERROR_RATE,
+    Sample,
+)
 from modeldeploy.api import ModelDeployment
 from modeldeploy.reconciler import Reconciler
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-GOOD = {REQUESTS: 200.0, ERROR_RATE: 0.0, P99: 20.0, RATIO: 1.0}
+GOOD = {
+    REQUESTS: 200.0,
+    ERROR_RATE: 0.0,
+    P99: 20.0,
+    RATIO: 1.0,
+    # shadow stage: every stable server (2 in canary_md) copies; the copies agree
+    "copying": 2.0,
+    SAMPLES: 500.0,
+    AGREEMENT: 1.0,
+    SHADOW_ERROR_RATE: 0.0,
+    "live-samples": 100.0,
+    "live-agreement": 1.0,
+}
 
 
 class Clock:

@@ -38,6 +38,8 @@ class FakeKube:
         meta.setdefault("uid", f"uid-{next(self._uid)}")
         meta.setdefault("generation", 1)
         meta["resourceVersion"] = str(next(self._rv))
+        if obj["kind"] == "Service":  # the apiserver allocates a ClusterIP
+            obj.setdefault("spec", {}).setdefault("clusterIP", f"10.96.0.{len(self.of_kind('Service')) + 10}")
         self.objects[(obj["kind"], meta["namespace"], meta["name"])] = obj
         return obj
 

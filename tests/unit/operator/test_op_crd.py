@@ -110,7 +110,11 @@ def test_cel_rules_name_their_field():
     assert "self[size(self) - 1] == 100" in texts
     for path, r in rules:
         assert r["message"], path
-        assert "fieldPath" in r or path.endswith(("steps", "buckets", "interval", "[]")) or path == "", (
+        assert (
+            "fieldPath" in r
+            or path.endswith(("steps", "buckets", "interval", "duration", "[]"))
+            or path == ""
+        ), (
             path,
             r,
         )
