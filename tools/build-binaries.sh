@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the pinned local-cluster binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kubectl, etcd, kwok, helm, prometheus) from the Go modules under tools/ and caches them outside the
-# repository. Each binary is keyed by its version and a hash of its module's go.mod/go.sum and build
+# kube-proxy, kubectl, etcd, kwok, helm, prometheus) from the Go modules under tools/ and caches them
+# outside the repository. Each binary is keyed by its version and a hash of its module's go.mod/go.sum and build
 # flags, so fresh clones reuse them and a change rebuilds only what it touches.
 # Prints the directory holding all of them (symlinks into the store) on stdout.
 # Cold build on 2 cores, from empty Go and binary caches: 14 min on a quiet machine, 22 with other work
@@ -73,6 +73,7 @@ build etcd etcd "$ETCD_VERSION" go.etcd.io/etcd/server/v3
 build k8s kube-apiserver "$K8S_VERSION" k8s.io/kubernetes/cmd/kube-apiserver "$kv"
 build k8s kube-controller-manager "$K8S_VERSION" k8s.io/kubernetes/cmd/kube-controller-manager "$kv"
 build k8s kube-scheduler "$K8S_VERSION" k8s.io/kubernetes/cmd/kube-scheduler "$kv"
+build k8s kube-proxy "$K8S_VERSION" k8s.io/kubernetes/cmd/kube-proxy "$kv"
 build k8s kubectl "$K8S_VERSION" k8s.io/kubernetes/cmd/kubectl "$kv"
 build kwok kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
 build helm helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
