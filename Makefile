@@ -8,7 +8,7 @@ PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help venv binaries iproute2 deps test test-unit test-integration test-e2e lint \
+.PHONY: help venv binaries iproute2 nftables deps test test-unit test-integration test-e2e lint \
         cluster-up cluster-down demo rehearsal bench-serving bench-operator bench-canary crds e2e-kind shellcheck clean
 
 help:
@@ -36,7 +36,12 @@ iproute2:
 	@command -v ip >/dev/null || { echo "installing Debian's iproute2 (the pod network needs ip netns) ..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
 
-deps: venv binaries iproute2
+# kube-proxy's nftables mode drives the kernel through the `nft` command.
+nftables:
+	@command -v nft >/dev/null || { echo "installing Debian's nftables (kube-proxy's nftables mode needs nft) ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; }
+
+deps: venv binaries iproute2 nftables
 
 # Scenario 1 of the canary suite once more, with the operator installed by the Helm chart (a pod with
 # the chart's ServiceAccount token): the chart's RBAC is enough for a real rollout under traffic.

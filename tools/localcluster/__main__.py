@@ -22,6 +22,7 @@ def _cmd_up(state_dir: Path) -> int:
     print(f"cluster ready in {time.monotonic() - start:.1f}s")
     print(f"kubeconfig: {cluster.kubeconfig}")
     print(f"prometheus: {cluster.prometheus_url}")
+    print(f"service ClusterIPs: {cluster.service_cidr} (kube-proxy answers there, from this host too)")
     print(f"use it with: kubectl --kubeconfig {cluster.kubeconfig} get nodes")
     return 0
 

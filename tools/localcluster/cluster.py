@@ -2,9 +2,10 @@
 
 ``up`` starts etcd, kube-apiserver (RBAC, its own CA, service-account keys), kube-controller-manager,
 kube-scheduler, kwok (fake GPU and CPU nodes), the process node agent and Prometheus, all on
-127.0.0.1 with free ports, waits until the cluster is Ready, records everything it started in
-``cluster.json`` and returns, leaving the processes running. ``down`` stops exactly those processes
-(and any pod process the agent left) and removes the state directory.
+127.0.0.1 with free ports, and kube-proxy inside the cluster's pod network namespace (Service
+ClusterIPs, ``10.96.N.0/24``, answer from the host and from pods), waits until the cluster is Ready,
+records everything it started in ``cluster.json`` and returns, leaving the processes running. ``down``
+stops exactly those processes (and any pod process the agent left) and removes the state directory.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Cluster:
     kubeconfig: Path
     prometheus_url: str
     apiserver_url: str
+    service_cidr: str = ""  # the Service ClusterIP range (empty for a cluster not started here)
 
 
 def binaries_dir() -> Path:
@@ -134,7 +136,7 @@ def running_cluster(state_dir: Path) -> Cluster | None:
     if rec is None or not rec.processes or not all(_alive(p.pid) for p in rec.processes):
         return None
     layout = Layout(state_dir)
-    return Cluster(state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url)
+    return Cluster(state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url, rec.service_cidr)
 
 
 def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True) -> Cluster:
@@ -153,6 +155,7 @@ def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True) -> Cluste
     net = podnet.choose(podnet.used_indices())
     net.create()
     rec.pod_network_index = net.index
+    rec.service_cidr = net.service_cidr
     rec.save()
     starter = _Starter(layout, rec)
     try:
@@ -160,7 +163,7 @@ def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True) -> Cluste
     except BaseException:
         down(state_dir, keep_logs_on_error=True)
         raise
-    return Cluster(state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url)
+    return Cluster(state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url, rec.service_cidr)
 
 
 def _bring_up(
@@ -182,7 +185,7 @@ def _bring_up(
     serving = ca.issue(
         "apiserver",
         "kube-apiserver",
-        server_ips=("127.0.0.1", "127.96.0.1", net.host_ip),
+        server_ips=("127.0.0.1", net.kubernetes_service_ip, net.host_ip),
         server_dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
         client=False,
     )
@@ -190,16 +193,27 @@ def _bring_up(
     server = f"https://127.0.0.1:{ports['apiserver']}"
     rec.apiserver_url = server
 
-    def client_kubeconfig(name: str, cn: str, org: str | None) -> Path:
+    def client_kubeconfig(name: str, cn: str, org: str | None, at: str = server) -> Path:
         pair = ca.issue(name, cn, org=org)
         path = layout.kubeconfig if name == "admin" else layout.component_kubeconfig(name)
-        path.write_text(yaml.safe_dump(config.kubeconfig(server, ca.pair.cert, pair, cn)))
+        path.write_text(yaml.safe_dump(config.kubeconfig(at, ca.pair.cert, pair, cn)))
         path.chmod(0o600)
         return path
 
     admin = client_kubeconfig("admin", "localcluster-admin", "system:masters")
     kcm = client_kubeconfig("controller-manager", "system:kube-controller-manager", None)
     sched = client_kubeconfig("scheduler", "system:kube-scheduler", None)
+    # kube-proxy runs inside the pod network, so it reaches the apiserver at the host end; the user
+    # system:kube-proxy is bound to the built-in ClusterRole system:node-proxier.
+    proxy_kcfg = client_kubeconfig(
+        "kube-proxy", "system:kube-proxy", None, at=f"https://{net.host_ip}:{ports['apiserver']}"
+    )
+    try:
+        proxy_mode = config.proxy_mode(
+            have_nft=shutil.which("nft") is not None, have_iptables=shutil.which("iptables") is not None
+        )
+    except ValueError as exc:
+        raise ClusterError(str(exc)) from None
     prom_pair = ca.issue("prometheus", "localcluster-prometheus")
 
     starter.start("etcd", config.etcd_args(bin_dir, layout.etcd_data, ports["etcd"], ports["etcd_peer"]))
@@ -223,6 +237,7 @@ def _bring_up(
             ca=ca.pair,
             serving=serving,
             sa=sa,
+            service_cidr=net.service_cidr,
             audit_log=audit_log,
             audit_policy=audit_policy,
         ),
@@ -324,6 +339,25 @@ def _bring_up(
 
     for node in config.default_nodes():
         api.create("/api/v1/nodes", node)
+    api.create(
+        "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
+        config.kubernetes_endpointslice(host_ip=net.host_ip, port=ports["apiserver"]),
+    )
+    # After the nodes exist: kube-proxy waits for its Node object (up to 30 s) before it starts. One
+    # kube-proxy serves both fake nodes (they are the same machine); it takes the GPU node's name.
+    proxy_cfg = layout.root / "kube-proxy.yaml"
+    proxy_cfg.write_text(
+        yaml.safe_dump(
+            config.kube_proxy_config(
+                kubeconfig_path=proxy_kcfg,
+                node_name=config.GPU_NODE,
+                bind_ip=net.anchor_ip,
+                cluster_cidr=net.agent_cidr,
+                mode=proxy_mode,
+            )
+        )
+    )
+    starter.start("kube-proxy", [*net.exec_prefix(), *config.kube_proxy_args(bin_dir, config_path=proxy_cfg)])
     crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     for f in sorted((bin_dir / "gateway-api-crds").glob("*.yaml")):
         for doc in yaml.safe_load_all(f.read_text()):
@@ -364,6 +398,8 @@ def _bring_up(
         left(),
     )
     starter.wait_for("kube-apiserver", gateway_api_established, left())
+    proxy_healthz = f"http://{net.anchor_ip}:{config.KUBE_PROXY_HEALTHZ_PORT}/healthz"
+    starter.wait_for("kube-proxy", lambda: httpx.get(proxy_healthz, timeout=1).status_code == 200, left())
     starter.wait_for(
         "prometheus", lambda: httpx.get(f"{rec.prometheus_url}/-/ready", timeout=1).status_code == 200, left()
     )
@@ -396,6 +432,7 @@ def down(state_dir: Path, *, keep_logs_on_error: bool = False) -> None:
     if rec is not None:
         order = {
             "node-agent": 0,
+            "kube-proxy": 1,
             "prometheus": 1,
             "kwok": 2,
             "kube-scheduler": 3,

@@ -14,10 +14,15 @@ import yaml
 
 from .pki import KeyPair
 
-# Service ClusterIPs stay on loopback (nothing listens there; clients use EndpointSlices). Pod IPs
-# live in the cluster's own network namespace (see podnet), since EndpointSlices refuse loopback.
-SERVICE_CIDR = "127.96.0.0/16"
+# Pod IPs and Service ClusterIPs live in the cluster's own network namespace (see podnet: pods on
+# 10.244.N.0/24, ClusterIPs on 10.96.N.0/24, translated there by kube-proxy), since EndpointSlices refuse
+# loopback pod IPs and several clusters on one machine must not share ranges or netfilter tables.
 NODE_IP = "127.0.0.1"
+# Where kube-proxy serves /healthz and /metrics: its pod network's anchor address (inside the namespace,
+# so the ports are the namespace's own and never clash with another cluster's or a pod's, which bind
+# their pod IP).
+KUBE_PROXY_HEALTHZ_PORT = 10256
+KUBE_PROXY_METRICS_PORT = 10249
 
 GPU_NODE = "gpu-node-0"
 CPU_NODE = "cpu-node-0"
@@ -70,6 +75,7 @@ def apiserver_args(
     ca: KeyPair,
     serving: KeyPair,
     sa: KeyPair,
+    service_cidr: str,
     audit_log: Path | None = None,
     audit_policy: Path | None = None,
 ) -> list[str]:
@@ -87,7 +93,7 @@ def apiserver_args(
         f"--service-account-key-file={sa.cert}",
         f"--service-account-signing-key-file={sa.key}",
         f"--service-account-issuer=https://127.0.0.1:{secure_port}",
-        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--service-cluster-ip-range={service_cidr}",
         "--authorization-mode=RBAC",
         "--allow-privileged=true",
         "--enable-priority-and-fairness=false",
@@ -163,6 +169,75 @@ def scheduler_args(bin_dir: Path, *, kubeconfig_path: Path, port: int) -> list[s
         "--leader-elect=false",
         "--v=1",
     ]
+
+
+def proxy_mode(*, have_nft: bool, have_iptables: bool) -> str:
+    """kube-proxy's mode: nftables (GA since 1.33, kube-proxy's default from 1.40; one atomic ``nft -f``
+    transaction per sync, no iptables-legacy/nft split), else iptables; neither is an error."""
+    if have_nft:
+        return "nftables"
+    if have_iptables:
+        return "iptables"
+    raise ValueError(
+        "kube-proxy needs the `nft` command (Debian package nftables; `make deps` installs it) or iptables"
+    )
+
+
+def kube_proxy_config(
+    *, kubeconfig_path: Path, node_name: str, bind_ip: str, cluster_cidr: str, mode: str
+) -> dict[str, Any]:
+    """kube-proxy's KubeProxyConfiguration. It runs inside the cluster's pod network namespace
+    (``bind_ip`` is that namespace's anchor address): its rules live there, and nothing it does touches
+    the host's conntrack limits, timeouts or OOM scores."""
+    return {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig_path)},
+        "hostnameOverride": node_name,
+        "mode": mode,
+        "bindAddress": bind_ip,  # also its primary node IP: NodePorts answer on the anchor address
+        "healthzBindAddress": f"{bind_ip}:{KUBE_PROXY_HEALTHZ_PORT}",
+        "metricsBindAddress": f"{bind_ip}:{KUBE_PROXY_METRICS_PORT}",
+        # Sources outside clusterCIDR are masqueraded. The host's packets come from the veth's host end
+        # (10.244.N.1), inside it, and need none: the replies pass the namespace's conntrack on their
+        # way back. Hairpin traffic (an endpoint reaching itself through its Service) always is.
+        "clusterCIDR": cluster_cidr,
+        "detectLocalMode": "ClusterCIDR",
+        # 0: leave the kernel's conntrack table size and TCP timeouts as they are (no sysctl writes).
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
+        "oomScoreAdj": 0,
+        "logging": {"verbosity": 1},
+    }
+
+
+def kube_proxy_args(bin_dir: Path, *, config_path: Path) -> list[str]:
+    return [str(bin_dir / "kube-proxy"), f"--config={config_path}"]
+
+
+def kubernetes_endpointslice(*, host_ip: str, port: int) -> dict[str, Any]:
+    """An EndpointSlice for ``default/kubernetes`` (the apiserver runs with ``--endpoint-reconciler-type=
+    none``, which writes none): the apiserver at the pod network's host end, so pods reach it at the
+    Service's ClusterIP like in a real cluster."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": "kubernetes",
+            "namespace": "default",
+            "labels": {
+                "kubernetes.io/service-name": "kubernetes",
+                "endpointslice.kubernetes.io/managed-by": "localcluster",
+            },
+        },
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [host_ip], "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+    }
 
 
 def kwok_args(

@@ -4,7 +4,8 @@ bring-up, the demo, the test fixtures (``localcluster.testing``) and the operato
 It reads a kubeconfig's current context and authenticates with its client certificate (the kubeconfigs
 ``localcluster`` writes) or, when the user has one, its bearer token (e.g. a service account's).
 JSON in, JSON out: get, create, strategic-merge patch, delete (a 404 is None) and a watch stream; plus
-:func:`ready_endpoints`, a Service's ready EndpointSlice addresses. The operator has its own client
+:func:`ready_endpoints`, a Service's ready EndpointSlice addresses, and :func:`service_url`, its ClusterIP
+as a URL (kube-proxy answers there, from the host and from pods). The operator has its own client
 (``modeldeploy.kube``); this one keeps the cluster tooling free of any Kubernetes client library.
 """
 
@@ -119,3 +120,17 @@ def ready_endpoints(api: KubeAPI, namespace: str, service: str) -> list[tuple[st
             if (ep.get("conditions") or {}).get("ready") and port:
                 out.extend((ip, int(port)) for ip in ep["addresses"])
     return out
+
+
+def service_url(api: KubeAPI, namespace: str, service: str, port: int | str | None = None) -> str:
+    """``http://<clusterIP>:<port>`` of a Service: its first port, or the one with this number or name."""
+    svc = api.get(f"/api/v1/namespaces/{namespace}/services/{service}")
+    spec = (svc or {}).get("spec") or {}
+    ip = spec.get("clusterIP")
+    if not ip or ip == "None":
+        raise ValueError(f"service {namespace}/{service} has no ClusterIP")
+    ports = spec.get("ports") or []
+    chosen = next((p for p in ports if port is None or port in (p["port"], p.get("name"))), None)
+    if chosen is None:
+        raise ValueError(f"service {namespace}/{service} has no port {port!r}")
+    return f"http://{ip}:{chosen['port']}"

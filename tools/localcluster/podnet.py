@@ -6,7 +6,11 @@ cluster instead makes one network namespace joined to the host by a veth pair:
 * ``10.244.N.0/24`` — process-run pods: each pod IP is added to the namespace's end of the veth and the
   pod's processes run inside the namespace (``ip netns exec``), bound to their IP;
 * ``10.(100+N).0.0/16`` — kwok's simulated pods: routed into the same namespace, where nothing
-  answers, so even a stray connection never leaves this machine.
+  answers, so even a stray connection never leaves this machine;
+* ``10.96.N.0/24`` — the cluster's Service ClusterIPs: routed from the host into the namespace (via
+  the namespace's anchor address) and, inside it, onto the veth, so that kube-proxy, which runs inside
+  the namespace, translates them there (DNAT to a ready endpoint) for host and pod clients alike. Each
+  cluster's rules live in its own namespace, so several clusters never share a table.
 
 The host end (``10.244.N.1``) is how pods reach the apiserver and Prometheus; it is the only address
 outside the namespace that pods can reach. ``N`` is chosen free at start.
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 _BASE_AGENT = ipaddress.ip_network("10.244.0.0/16")
+_BASE_SERVICE = ipaddress.ip_network("10.96.0.0/16")
 MAX_INDEX = 120
 
 
@@ -66,6 +71,16 @@ class PodNetwork:
         return f"10.{100 + self.index}.0.0/16"
 
     @property
+    def service_cidr(self) -> str:
+        """The cluster's Service ClusterIP range, a /24 of its own: ``10.96.N.0/24``."""
+        return str(list(_BASE_SERVICE.subnets(new_prefix=24))[self.index])
+
+    @property
+    def kubernetes_service_ip(self) -> str:
+        """The first address of :attr:`service_cidr`: the apiserver gives it to ``default/kubernetes``."""
+        return str(ipaddress.ip_network(self.service_cidr)[1])
+
+    @property
     def host_ip(self) -> str:
         return str(ipaddress.ip_network(self.agent_cidr)[1])
 
@@ -98,6 +113,18 @@ class PodNetwork:
             _ip("-n", self.netns, "addr", "add", f"{self.anchor_ip}/32", "dev", self.pod_if)
             # Only the host end is reachable from pods: no default route, so nothing leaves the machine.
             _ip("-n", self.netns, "route", "add", f"{self.host_ip}/32", "dev", self.pod_if)
+            # ClusterIPs: the host sends them to the namespace's anchor, pods onto the veth; either way
+            # kube-proxy's rules in the namespace rewrite them to an endpoint before they go anywhere.
+            _ip("route", "add", self.service_cidr, "via", self.anchor_ip, "dev", self.host_if)
+            # The host's packets to a ClusterIP enter as forwarded traffic: forwarding on (in this
+            # namespace only), so that kube-proxy's forward-hook rules refuse a Service with no endpoint
+            # or an unused ClusterIP at once, like on a node, instead of the kernel dropping it silently.
+            self._sysctl("net/ipv4/ip_forward", "1")
+            # ... and answered at once: those refusals are ICMP errors, which the kernel rate-limits.
+            self._sysctl("net/ipv4/icmp_ratelimit", "0")
+            _ip(
+                "-n", self.netns, "route", "add", self.service_cidr, "dev", self.pod_if, "src", self.anchor_ip
+            )
             # `ip netns exec` bind-mounts this over /etc/resolv.conf: no outside name server, so name
             # lookups in pods fail at once instead of timing out against an unreachable resolver.
             self.etc_dir.mkdir(parents=True, exist_ok=True)
@@ -105,6 +132,16 @@ class PodNetwork:
         except (PodNetworkError, OSError):
             self.destroy()
             raise
+
+    def _sysctl(self, key: str, value: str) -> None:
+        """Set a sysctl of the namespace (``/proc/sys/net`` is the opener's namespace's)."""
+        res = subprocess.run(
+            [*self.exec_prefix(), "sh", "-c", f"echo {value} > /proc/sys/{key}"],
+            capture_output=True,
+            text=True,
+        )
+        if res.returncode != 0:
+            raise PodNetworkError(f"setting {key}={value} in {self.netns} failed: {res.stderr.strip()}")
 
     def add_pod_ip(self, ip: str) -> None:
         _ip("-n", self.netns, "addr", "add", f"{ip}/32", "dev", self.pod_if)

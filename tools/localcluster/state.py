@@ -39,6 +39,7 @@ class ClusterRecord:
     prometheus_url: str = ""
     apiserver_url: str = ""
     pod_network_index: int = 0  # 0: none created yet
+    service_cidr: str = ""  # the pod network's Service ClusterIP range (kube-proxy answers there)
     # The same endpoints as seen from inside the pod network (for pods such as the operator).
     apiserver_url_pods: str = ""
     prometheus_url_pods: str = ""

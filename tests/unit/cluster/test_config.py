@@ -6,6 +6,7 @@ import ipaddress
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from localcluster import config, podnet
 from localcluster.pki import KeyPair
@@ -22,9 +23,21 @@ def test_default_nodes_are_one_gpu_node_with_8_gpus_and_one_cpu_node() -> None:
         assert n["metadata"]["annotations"]["kwok.x-k8s.io/node"] == "fake"
 
 
-def test_services_and_nodes_stay_on_loopback() -> None:
-    assert ipaddress.ip_network(config.SERVICE_CIDR).is_loopback
+def test_nodes_stay_on_loopback() -> None:
     assert ipaddress.ip_address(config.NODE_IP).is_loopback
+
+
+def test_every_pod_network_has_a_service_range_of_its_own_that_clashes_with_nothing() -> None:
+    nets = [podnet.PodNetwork(i) for i in range(1, podnet.MAX_INDEX + 1)]
+    services = [ipaddress.ip_network(n.service_cidr) for n in nets]
+    others = [ipaddress.ip_network(c) for n in nets for c in (n.agent_cidr, n.kwok_cidr)]
+    for net, svc in zip(nets, services, strict=True):
+        assert svc.prefixlen == 24 and svc.is_private and not svc.is_loopback and not svc.is_link_local
+        assert str(svc) == f"10.96.{net.index}.0/24"
+        assert net.kubernetes_service_ip == str(svc[1])  # what the apiserver gives `kubernetes`
+        assert all(ipaddress.ip_address(ip) not in svc for ip in (net.anchor_ip, net.host_ip))
+    assert len(set(services)) == len(services)  # no two clusters share ClusterIPs
+    assert not any(s.overlaps(o) for s in services for o in others)  # nor with any pod range
 
 
 def test_pod_networks_are_distinct_routable_slash24s_and_skip_used_indices() -> None:
@@ -44,11 +57,52 @@ def test_pod_networks_are_distinct_routable_slash24s_and_skip_used_indices() -> 
 
 def test_apiserver_serves_host_and_pod_network_with_rbac_and_service_account_keys(tmp_path: Path) -> None:
     pair = KeyPair(tmp_path / "c", tmp_path / "k")
-    args = config.apiserver_args(tmp_path, etcd_port=1, secure_port=2, ca=pair, serving=pair, sa=pair)
+    args = config.apiserver_args(
+        tmp_path, etcd_port=1, secure_port=2, ca=pair, serving=pair, sa=pair, service_cidr="10.96.7.0/24"
+    )
     assert "--bind-address=0.0.0.0" in args  # reachable from the pod network's host end too
     assert "--authorization-mode=RBAC" in args
     assert any(a.startswith("--service-account-signing-key-file=") for a in args)
-    assert f"--service-cluster-ip-range={config.SERVICE_CIDR}" in args
+    assert "--service-cluster-ip-range=10.96.7.0/24" in args
+
+
+def test_kube_proxy_prefers_nftables_then_iptables_and_needs_one() -> None:
+    assert config.proxy_mode(have_nft=True, have_iptables=True) == "nftables"
+    assert config.proxy_mode(have_nft=True, have_iptables=False) == "nftables"
+    assert config.proxy_mode(have_nft=False, have_iptables=True) == "iptables"
+    with pytest.raises(ValueError, match="nftables"):
+        config.proxy_mode(have_nft=False, have_iptables=False)
+
+
+def test_kube_proxy_binds_its_namespace_anchor_and_leaves_host_settings_alone(tmp_path: Path) -> None:
+    net = podnet.PodNetwork(5)
+    cfg = config.kube_proxy_config(
+        kubeconfig_path=tmp_path / "kp.kubeconfig",
+        node_name=config.GPU_NODE,
+        bind_ip=net.anchor_ip,
+        cluster_cidr=net.agent_cidr,
+        mode="nftables",
+    )
+    assert cfg["kind"] == "KubeProxyConfiguration" and cfg["mode"] == "nftables"
+    assert cfg["clientConnection"]["kubeconfig"] == str(tmp_path / "kp.kubeconfig")
+    assert cfg["hostnameOverride"] == config.GPU_NODE  # an existing Node: kube-proxy waits for it
+    # Its ports are on the anchor address, never 0.0.0.0, where they would take ports from pods.
+    for key in ("bindAddress", "healthzBindAddress", "metricsBindAddress"):
+        assert cfg[key].split(":")[0] == "10.244.5.254"
+    assert cfg["clusterCIDR"] == "10.244.5.0/24" and cfg["detectLocalMode"] == "ClusterCIDR"
+    conntrack = cfg["conntrack"]
+    assert conntrack["maxPerCore"] == 0 and conntrack["tcpEstablishedTimeout"] == "0s"
+    assert cfg["oomScoreAdj"] == 0
+    args = config.kube_proxy_args(tmp_path, config_path=tmp_path / "kp.yaml")
+    assert args == [str(tmp_path / "kube-proxy"), f"--config={tmp_path / 'kp.yaml'}"]
+
+
+def test_the_kubernetes_service_gets_the_apiserver_at_the_pod_networks_host_end() -> None:
+    s = config.kubernetes_endpointslice(host_ip="10.244.3.1", port=6443)
+    assert s["metadata"]["namespace"] == "default"
+    assert s["metadata"]["labels"]["kubernetes.io/service-name"] == "kubernetes"
+    assert s["endpoints"] == [{"addresses": ["10.244.3.1"], "conditions": {"ready": True}}]
+    assert s["ports"] == [{"name": "https", "port": 6443, "protocol": "TCP"}]  # the Service's port name
 
 
 def test_prometheus_keeps_only_annotated_process_pods(tmp_path: Path) -> None:
