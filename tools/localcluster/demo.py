@@ -18,8 +18,10 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -386,9 +388,58 @@ def run(state_dir: Path) -> int:
         same = bool(pods_before) and all(pods_after.get(k) == v for k, v in pods_before.items())
         print(f"  v1 pods and processes unchanged: {same} {sorted(str(c) for c in pods_before.values())}")
         time.sleep(3)
+
+        say(
+            "6. v4: silently wrong (a preprocessing bug: every answer 200, fast, and wrong) -- promoted today"
+            " by error/latency checks alone, caught here by agreement before any user saw it"
+        )
+        wrong_dir = Path(tempfile.mkdtemp(prefix="mangled-minilm-"))
+        for f in Path(minilm_uri().removeprefix("file://")).iterdir():
+            (wrong_dir / f.name).symlink_to(f)
+        shutil.copy(REPO_ROOT / "examples" / "mangled-minilm" / "handler.py", wrong_dir / "handler.py")
+        wrong = {
+            "spec": {
+                "model": {
+                    "version": "4",
+                    "uri": wrong_dir.as_uri(),
+                    "format": "custom",
+                    "handler": "handler.py:Handler",
+                },
+                "rollout": {
+                    "shadow": {"duration": "15s", "sampleRate": 1.0, "minSamples": 30, "minAgreement": 0.99}
+                },
+            }
+        }
+        print("  spec.rollout.shadow: the stable servers copy every request they answer to v4 and compare")
+        demo.kubectl("patch", "md", name, "--type=merge", "-p", json.dumps(wrong))
+        md = _watch(
+            demo,
+            ns,
+            name,
+            load,
+            lambda m: (
+                any(
+                    h["outcome"] == "RolledBack" and h.get("measurement", {}).get("metric") == "agreement"
+                    for h in (m.get("status") or {}).get("history") or []
+                )
+                or (m.get("status") or {}).get("stableRevision") not in (None, v1)
+            ),
+            300,
+            "v4 judged in the shadow stage",
+        )
+        ms = {
+            m["metric"]: m for m in ((md.get("status") or {}).get("analysis") or {}).get("measurements", [])
+        }
+        for metric in ("error-rate", "shadow-error-rate", "p99-latency-ms", "shadow-samples", "agreement"):
+            if metric in ms:
+                m = ms[metric]
+                value, threshold = m.get("value"), m.get("threshold")
+                print(f"  {metric:<18} {value!s:<10} threshold {threshold!s:<8} {m['verdict']}")
+        print(f"  user answers from v4: {load.ok.get('4', 0)} (the shadow's answers never reach a user)")
+        _plugin(demo, "status", name)
         load.stop()
 
-        say("6. Summary")
+        say("7. Summary")
         md = _md(demo, ns, name)
         print(f"load generator: {load.summary()}; errors by kind: {dict(load.errors) or 'none'}")
         rows = [("time", "revision", "outcome", "reason")]
