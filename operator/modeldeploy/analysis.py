@@ -240,7 +240,8 @@ def judge(samples: Sequence[Sample], now: datetime) -> Judgement:
     """One window's verdict (pure).
 
     * any error (Prometheus unreachable, query refused) -> NoData: never a pass;
-    * too few requests (``minRequests``) -> NoData, whatever the other values say;
+    * too few requests (``minRequests``) -> NoData, whatever the other values say; too few compared
+      shadow requests (``minSamples``) -> NoData unless the shadow's error rate or p99 fails;
     * any check over (max) or under (min) its threshold -> Fail;
     * a required check without a value -> NoData;
     * otherwise Pass.
@@ -250,10 +251,14 @@ def judge(samples: Sequence[Sample], now: datetime) -> Judgement:
     errors = [m for m in ms if m.verdict == "Error"]
     if errors:
         return Judgement("NoData", ms, errors[0])
+    failed = [m for m in ms if m.verdict == "Fail"]
     req = by_metric.get(REQUESTS) or by_metric.get(SAMPLES)
     if req is not None and req.verdict != "Pass":
+        # a shadow whose copies fail or are slow fails, however few of them could be compared
+        broken = [m for m in failed if req.metric == SAMPLES and m.metric in (SHADOW_ERROR_RATE, P99)]
+        if broken:
+            return Judgement("Fail", ms, broken[0])
         return Judgement("NoData", ms, req)
-    failed = [m for m in ms if m.verdict == "Fail"]
     if failed:
         return Judgement("Fail", ms, failed[0])
     optional = {s.query.metric for s in samples if s.query.optional}

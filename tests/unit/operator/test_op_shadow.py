@@ -320,3 +320,43 @@ def test_kubectl_modeldeploy_shows_the_live_agreement_and_promote_skips_the_stag
     w.annotate(COMMAND_ANNOTATION, json.dumps(cli.command_for("promote", w.raw)))
     w.reconcile()
     assert "shadow" not in w.status and "shadow:" not in cli.render_status(w.raw, now=w.clock.now)
+
+
+def test_a_shadow_whose_copies_all_fail_is_judged_failed_not_no_data():
+    w = shadow_world(analysis={"onNoData": "hold", "noDataTimeout": "5m"})
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.prom.values[new] = {SAMPLES: 0.0, AGREEMENT: None, SHADOW_ERROR_RATE: 1.0}
+    w.reconcile()
+    w.run_for(12)
+    h = w.status["history"][-1]
+    assert (h["revision"], h["outcome"], h["measurement"]["metric"]) == (new, "RolledBack", SHADOW_ERROR_RATE)
+    assert w.status["stableRevision"] == old
+
+
+def test_shadow_queries_read_the_stable_servers_copy_counts_of_that_revision():
+    from modeldeploy.analysis import SHADOW_DROPPED, build_shadow_queries
+    from modeldeploy.api import AnalysisSpec
+
+    qs = {
+        q.metric: q
+        for q in build_shadow_queries(
+            ShadowSpec(duration="5m", min_samples=200, min_agreement=0.99),
+            AnalysisSpec(max_error_rate=0.02, max_p99_latency_ms=300),
+            namespace="ns",
+            name="m",
+            revision="r2",
+            interval="5m",
+        )
+    }
+    assert set(qs) == {SAMPLES, AGREEMENT, SHADOW_ERROR_RATE, P99, SHADOW_DROPPED}
+    for q in (qs[SAMPLES], qs[AGREEMENT], qs[SHADOW_ERROR_RATE]):
+        assert 'shadow_revision="r2"' in q.promql and "[300s]" in q.promql
+    assert 'result=~"agree|disagree"' in qs[SAMPLES].promql and qs[SAMPLES].threshold == 200
+    assert qs[AGREEMENT].promql.startswith('sum(increase(modelserver_shadow_requests_total{namespace="ns",')
+    assert (qs[AGREEMENT].kind, qs[AGREEMENT].threshold) == ("min", 0.99)
+    assert (
+        'result=~"error|timeout"' in qs[SHADOW_ERROR_RATE].promql and qs[SHADOW_ERROR_RATE].threshold == 0.02
+    )
+    assert 'modeldeploy_io_revision="r2"' in qs[P99].promql and qs[P99].threshold == 300
+    assert qs[SHADOW_DROPPED].threshold is None and qs[SHADOW_DROPPED].optional
