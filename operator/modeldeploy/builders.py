@@ -368,7 +368,9 @@ def build_revision_service(
                 "type": "ClusterIP",
                 "selector": revision_selector_labels(md.name, revision),
                 "ports": [_service_port()],
-                "publishNotReadyAddresses": publish_not_ready,
+                # only when true: the apiserver drops a false value, which would read as drift; an
+                # apply without the field releases it (server-side apply), i.e. back to false
+                **({"publishNotReadyAddresses": True} if publish_not_ready else {}),
             },
         }
     )

@@ -74,6 +74,12 @@ class FakeKube:
         merged = _merge(live, obj)
         # lists and owned fields are replaced wholesale, like an apply of the full desired object
         merged["spec"] = _merge(live.get("spec", {}), obj.get("spec", {}))
+        if obj["kind"] == "Service":  # every field of a Service's spec is ours but the allocated ClusterIP:
+            # a field left out of an apply is released (server-side apply), not kept
+            merged["spec"] = {
+                **copy.deepcopy(obj.get("spec", {})),
+                "clusterIP": live["spec"].get("clusterIP"),
+            }
         if merged != live:
             merged["metadata"]["resourceVersion"] = str(next(self._rv))
             self.objects[key] = merged
