@@ -206,7 +206,7 @@ def test_minilm_shadow_stage(
         "shadow_clock_to_end_s": round(w.ended - w.clock_started, 1) if w.ended and w.clock_started else None,
         "phases": w.phases,
         "history": decided,
-        "measurements": {k: (m["value"], m["threshold"], m["verdict"]) for k, m in ms.items()},
+        "measurements": {k: (m.get("value"), m.get("threshold"), m["verdict"]) for k, m in ms.items()},
         "stable_copy_counts": counts,
         **view,
     }
