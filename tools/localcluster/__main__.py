@@ -23,6 +23,7 @@ def _cmd_up(state_dir: Path) -> int:
     print(f"kubeconfig: {cluster.kubeconfig}")
     print(f"prometheus: {cluster.prometheus_url}")
     print(f"service ClusterIPs: {cluster.service_cidr} (kube-proxy answers there, from this host too)")
+    print(f"gateway: {cluster.gateway_url} (Traefik; Gateway gateway-system/public-gateway)")
     print(f"use it with: kubectl --kubeconfig {cluster.kubeconfig} get nodes")
     return 0
 
@@ -43,6 +44,7 @@ def _cmd_status(state_dir: Path) -> int:
         print("no local cluster running")
         return 1
     print(f"kubeconfig: {cluster.kubeconfig}\nprometheus: {cluster.prometheus_url}")
+    print(f"gateway: {cluster.gateway_url}")
     return 0
 
 

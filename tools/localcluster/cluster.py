@@ -2,8 +2,10 @@
 
 ``up`` starts etcd, kube-apiserver (RBAC, its own CA, service-account keys), kube-controller-manager,
 kube-scheduler, kwok (fake GPU and CPU nodes), the process node agent and Prometheus, all on
-127.0.0.1 with free ports, and kube-proxy inside the cluster's pod network namespace (Service
-ClusterIPs, ``10.96.N.0/24``, answer from the host and from pods), waits until the cluster is Ready,
+127.0.0.1 with free ports, and, inside the cluster's pod network namespace, kube-proxy (Service
+ClusterIPs, ``10.96.N.0/24``, answer from the host and from pods) and Traefik (the Gateway API data
+plane: the shared Gateway ``gateway-system/public-gateway`` answers at ``http://10.244.N.254:80``), waits
+until the cluster is Ready,
 records everything it started in ``cluster.json`` and returns, leaving the processes running. ``down``
 stops exactly those processes (and any pod process the agent left) and removes the state directory.
 """
@@ -45,6 +47,7 @@ class Cluster:
     prometheus_url: str
     apiserver_url: str
     service_cidr: str = ""  # the Service ClusterIP range (empty for a cluster not started here)
+    gateway_url: str = ""  # the shared Gateway (Traefik), reachable from the host and from pods
 
 
 def binaries_dir() -> Path:
@@ -136,7 +139,9 @@ def running_cluster(state_dir: Path) -> Cluster | None:
     if rec is None or not rec.processes or not all(_alive(p.pid) for p in rec.processes):
         return None
     layout = Layout(state_dir)
-    return Cluster(state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url, rec.service_cidr)
+    return Cluster(
+        state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url, rec.service_cidr, rec.gateway_url
+    )
 
 
 def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True) -> Cluster:
@@ -163,7 +168,9 @@ def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True) -> Cluste
     except BaseException:
         down(state_dir, keep_logs_on_error=True)
         raise
-    return Cluster(state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url, rec.service_cidr)
+    return Cluster(
+        state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url, rec.service_cidr, rec.gateway_url
+    )
 
 
 def _bring_up(
@@ -208,6 +215,13 @@ def _bring_up(
     proxy_kcfg = client_kubeconfig(
         "kube-proxy", "system:kube-proxy", None, at=f"https://{net.host_ip}:{ports['apiserver']}"
     )
+    # Traefik runs inside the pod network too (it must reach pod IPs, and pods must reach it): the user
+    # localcluster-traefik, bound below to the rights its Gateway provider needs.
+    traefik_kcfg = client_kubeconfig(
+        "traefik", "localcluster-traefik", None, at=f"https://{net.host_ip}:{ports['apiserver']}"
+    )
+    if not (bin_dir / "traefik").exists():
+        raise ClusterError(f"no traefik in {bin_dir} (tools/build-binaries.sh builds it)")
     try:
         proxy_mode = config.proxy_mode(
             have_nft=shutil.which("nft") is not None, have_iptables=shutil.which("iptables") is not None
@@ -276,6 +290,25 @@ def _bring_up(
             },
             "subjects": [
                 {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "localcluster-prometheus"}
+            ],
+        },
+    )
+
+    api.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {"metadata": {"name": "localcluster:traefik"}, "rules": config.TRAEFIK_RULES},
+    )
+    api.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "metadata": {"name": "localcluster:traefik"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "localcluster:traefik",
+            },
+            "subjects": [
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "localcluster-traefik"}
             ],
         },
     )
@@ -359,17 +392,22 @@ def _bring_up(
     )
     starter.start("kube-proxy", [*net.exec_prefix(), *config.kube_proxy_args(bin_dir, config_path=proxy_cfg)])
     crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    gateway_crds: list[str] = []
     for f in sorted((bin_dir / "gateway-api-crds").glob("*.yaml")):
         for doc in yaml.safe_load_all(f.read_text()):
             if doc and doc.get("kind") == "CustomResourceDefinition":
                 api.create(crd_path, doc)
+                gateway_crds.append(doc["metadata"]["name"])
 
     def gateway_api_established() -> bool:
-        crd = api.get(f"{crd_path}/httproutes.gateway.networking.k8s.io") or {}
-        return any(
-            c["type"] == "Established" and c["status"] == "True"
-            for c in (crd.get("status") or {}).get("conditions") or []
-        )
+        for name in gateway_crds:
+            crd = api.get(f"{crd_path}/{name}") or {}
+            if not any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in (crd.get("status") or {}).get("conditions") or []
+            ):
+                return False
+        return True
 
     def nodes_ready() -> bool:
         items = (api.get("/api/v1/nodes") or {}).get("items", [])
@@ -398,12 +436,28 @@ def _bring_up(
         left(),
     )
     starter.wait_for("kube-apiserver", gateway_api_established, left())
+    # The Gateway API data plane: after the CRDs (its informers need them), in the pod network.
+    for path, obj in config.gateway_objects():
+        api.create(path, obj)
+    starter.start(
+        "traefik",
+        [*net.exec_prefix(), *config.traefik_args(bin_dir, listen_ip=net.anchor_ip)],
+        env={"KUBECONFIG": str(traefik_kcfg)},
+    )
     proxy_healthz = f"http://{net.anchor_ip}:{config.KUBE_PROXY_HEALTHZ_PORT}/healthz"
     starter.wait_for("kube-proxy", lambda: httpx.get(proxy_healthz, timeout=1).status_code == 200, left())
     starter.wait_for(
         "prometheus", lambda: httpx.get(f"{rec.prometheus_url}/-/ready", timeout=1).status_code == 200, left()
     )
+    ping = f"http://{net.anchor_ip}:{config.TRAEFIK_PING_PORT}/ping"
+    starter.wait_for("traefik", lambda: httpx.get(ping, timeout=1).status_code == 200, left())
+    gw_ns, gw_name = config.GATEWAY_NAMESPACE, config.GATEWAY_NAME
+    gateway = f"/apis/gateway.networking.k8s.io/v1/namespaces/{gw_ns}/gateways/{gw_name}"
+    starter.wait_for("traefik", lambda: config.gateway_programmed(api.get(gateway)), left())
+    rec.gateway_url = f"http://{net.anchor_ip}:{config.GATEWAY_PORT}"
+    rec.save()
     layout.prometheus_url_file.write_text(rec.prometheus_url + "\n")
+    layout.gateway_url_file.write_text(rec.gateway_url + "\n")
     api.close()
 
 
@@ -433,6 +487,7 @@ def down(state_dir: Path, *, keep_logs_on_error: bool = False) -> None:
         order = {
             "node-agent": 0,
             "kube-proxy": 1,
+            "traefik": 1,
             "prometheus": 1,
             "kwok": 2,
             "kube-scheduler": 3,

@@ -43,6 +43,7 @@ class ClusterRecord:
     # The same endpoints as seen from inside the pod network (for pods such as the operator).
     apiserver_url_pods: str = ""
     prometheus_url_pods: str = ""
+    gateway_url: str = ""  # the shared Gateway (Traefik on the pod network's anchor address)
 
     @property
     def path(self) -> Path:
@@ -88,6 +89,10 @@ class Layout:
     @property
     def prometheus_url_file(self) -> Path:
         return self.root / "prometheus-url"
+
+    @property
+    def gateway_url_file(self) -> Path:
+        return self.root / "gateway-url"
 
     @property
     def prometheus_dir(self) -> Path:

@@ -126,7 +126,13 @@ class Kube:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     external = os.environ.get("E2E_KUBECONFIG")
     if external:
-        yield Cluster(Path(external).parent, Path(external), os.environ.get("E2E_PROMETHEUS_URL", ""), "")
+        yield Cluster(
+            Path(external).parent,
+            Path(external),
+            os.environ.get("E2E_PROMETHEUS_URL", ""),
+            "",
+            gateway_url=os.environ.get("E2E_GATEWAY_URL", ""),
+        )
         return
     state = tmp_path_factory.mktemp("localcluster")
     c = up(state)
