@@ -166,8 +166,9 @@ def termination_grace_seconds(spec: ModelDeploymentSpec) -> int:
     return PRESTOP_SLEEP_SECONDS + math.ceil(spec.batching.max_timeout_ms / 1000) + GRACE_SLACK_SECONDS
 
 
-def server_env(md_name: str, spec: ModelDeploymentSpec) -> list[dict[str, str]]:
-    """Environment of the server container: model and batching settings (``MODELSERVER_*``)."""
+def server_env(md_name: str, spec: ModelDeploymentSpec, revision: str = "") -> list[dict[str, str]]:
+    """Environment of the server container: model and batching settings (``MODELSERVER_*``), and the
+    ModelDeployment's name and the pod's revision (``MODELDEPLOY_*``)."""
     m, b = spec.model, spec.batching
     env = {
         "MODELSERVER_MODEL_URI": m.uri,
@@ -196,6 +197,10 @@ def server_env(md_name: str, spec: ModelDeploymentSpec) -> list[dict[str, str]]:
     env["HF_HOME"] = "/tmp/hf"
     out = [{"name": k, "value": v} for k, v in env.items()]
     out.append({"name": "MODELDEPLOY_NAME", "value": md_name})  # for logs; not a server setting
+    if revision:
+        # sent back in every answer's x-modeldeploy-revision header: who answered, behind a Service or a
+        # gateway
+        out.append({"name": "MODELDEPLOY_REVISION", "value": revision})
     return out
 
 
@@ -228,7 +233,7 @@ def pod_template(md: ModelDeployment, spec: ModelDeploymentSpec, revision: str) 
         "imagePullPolicy": "IfNotPresent",
         "command": list(SERVER_COMMAND),
         "ports": [{"name": PORT_NAME, "containerPort": SERVER_PORT, "protocol": "TCP"}],
-        "env": server_env(md.name, spec),
+        "env": server_env(md.name, spec, revision),
         "resources": resources(spec),
         # loading a model can take minutes: the startup probe allows 10 min before liveness counts
         "startupProbe": _probe(LIVE_PATH, period=2, failure_threshold=300),

@@ -10,6 +10,7 @@ import asyncio
 import gzip
 import logging
 import math
+import os
 import re
 import time
 import uuid
@@ -63,6 +64,10 @@ def error_reply(status: int, message: str, retry_after: float | None = None) -> 
     return Reply(status, orjson.dumps({"error": message}), JSON, headers)
 
 
+#: the revision this server belongs to (the operator sets MODELDEPLOY_REVISION on the server container),
+#: sent back on every response so a client behind a Service or a gateway can tell who answered
+REVISION_HEADER = b"x-modeldeploy-revision"
+
 _MODEL_RE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/(ready|infer|config|stats))?$")
 
 
@@ -78,6 +83,8 @@ class ModelServerApp:
         self.load_task: asyncio.Task[None] | None = None
         self.watch_task: asyncio.Task[None] | None = None
         self.on_load_failure: Callable[[BaseException], None] | None = None
+        revision = os.environ.get("MODELDEPLOY_REVISION", "")
+        self._revision = [(REVISION_HEADER, revision.encode())] if _RID_OK.match(revision) else []
 
     # -- ASGI -------------------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -156,6 +163,7 @@ class ModelServerApp:
             (b"content-type", reply.content_type),
             (b"content-length", str(len(reply.body)).encode()),
             (b"x-request-id", rid.encode()),
+            *self._revision,
             *reply.headers,
         ]
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
