@@ -315,11 +315,24 @@ class ParentRef(_Model):
     kind: str = Field(default="Gateway", max_length=63)
 
 
+class HeaderMatch(_Model):
+    """An HTTP request header (exact value), as in a Gateway API HTTPHeaderMatch."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")
+    value: str = Field(min_length=1, max_length=4096)
+
+
 class GatewayAPISpec(_Model):
     """Routing through a Gateway API HTTPRoute with weighted per-revision backends."""
 
     parent_refs: list[ParentRef] = Field(min_length=1, max_length=16)
     hostnames: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=16)
+    canary_header: HeaderMatch | None = Field(
+        default=None,
+        description="A request carrying this header (exact value), e.g. x-modeldeploy-canary: always, goes "
+        "to the canary revision whatever the step's weight, during every step (not during the shadow "
+        "stage, whose revision answers no client); removed at promotion or rollback.",
+    )
 
 
 class TrafficRoutingSpec(_Model):

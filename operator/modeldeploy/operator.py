@@ -3,7 +3,8 @@
     python -m modeldeploy [--namespace NS ...] [--standalone] [--priority N] ...
 
 Handlers are thin: every watch event of a ModelDeployment or of one of its children (by the
-``modeldeploy.io/name`` label, filtered server-side) only enqueues the ModelDeployment in the
+``modeldeploy.io/name`` label, filtered server-side; HTTPRoutes too unless ``--no-watch-httproutes``)
+only enqueues the ModelDeployment in the
 :class:`~modeldeploy.controller.Controller`; the reconcile itself is :mod:`modeldeploy.reconciler`.
 
 kopf settings: only ``@kopf.on.event`` handlers are used, so kopf stores no progress and no diff-base
@@ -41,6 +42,16 @@ CHILD_RESOURCES = (
     ("policy", "v1", "poddisruptionbudgets"),
     ("", "v1", "pods"),
 )
+# gatewayAPI mode's child: watched so that a deleted or edited route is repaired at once. Optional: a
+# cluster without the Gateway API (kopf waits for the CRD), or an operator without the rights to watch
+# routes (the chart's rbac.gatewayAPI=false), runs with --no-watch-httproutes.
+HTTPROUTES = ("gateway.networking.k8s.io", "v1", "httproutes")
+
+
+def child_resources(watch_httproutes: bool) -> tuple[tuple[str, str, str], ...]:
+    return (*CHILD_RESOURCES, HTTPROUTES) if watch_httproutes else CHILD_RESOURCES
+
+
 ANNOTATION_PREFIX = "modeldeploy.io"
 
 
@@ -64,12 +75,12 @@ def build_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = 60
     # only children carrying our label are watched (server-side filter)
-    for group, version, plural in CHILD_RESOURCES:
+    for group, version, plural in child_resources(args.watch_httproutes):
         settings.watching.label_selectors[(group, version, plural)] = b.LABEL_NAME
     return settings
 
 
-def build_registry(controller: Controller) -> kopf.OperatorRegistry:
+def build_registry(controller: Controller, *, watch_httproutes: bool = True) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -86,7 +97,7 @@ def build_registry(controller: Controller) -> kopf.OperatorRegistry:
         controller.note(key)
         controller.enqueue(key)
 
-    for group, version, plural in CHILD_RESOURCES:
+    for group, version, plural in child_resources(watch_httproutes):
 
         @kopf.on.event(group, version, plural, labels={b.LABEL_NAME: kopf.PRESENT}, registry=registry)
         async def child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
@@ -136,6 +147,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--health-port", type=int, default=int(env("MODELDEPLOY_HEALTH_PORT", "8481")))
     p.add_argument("--prometheus-url", default=env("MODELDEPLOY_PROMETHEUS_URL", "http://127.0.0.1:9090"))
     p.add_argument("--create-peering", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--watch-httproutes",
+        action=argparse.BooleanOptionalAction,
+        default=env("MODELDEPLOY_WATCH_HTTPROUTES", "1") not in ("0", "false"),
+        help="watch the HTTPRoutes of gatewayAPI mode so that an edited or deleted one is repaired at once "
+        "(needs list/watch on httproutes; env MODELDEPLOY_WATCH_HTTPROUTES=0 turns it off)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", default=env("MODELDEPLOY_DEBUG", "") == "1")
     return p.parse_args(argv)
 
@@ -184,7 +202,7 @@ async def run(args: argparse.Namespace) -> None:
         standalone=args.standalone,
     )
     controller = Controller(reconciler.reconcile, workers=args.workers, gate=gate)
-    registry = build_registry(controller)
+    registry = build_registry(controller, watch_httproutes=args.watch_httproutes)
     settings = build_settings(args)
     metrics.serve(args.metrics_port, args.bind_host)
     liveness = f"http://{args.bind_host}:{args.health_port}/healthz" if args.health_port else None

@@ -119,6 +119,16 @@ def route_weight(decision: canary.Decision, counts: Mapping[str, RevisionCounts]
     return decision.weight if counts.get(decision.canary, RevisionCounts()).in_traffic > 0 else 0
 
 
+def header_canary(decision: canary.Decision, counts: Mapping[str, RevisionCounts]) -> str | None:
+    """The revision the route's canary header sends to: the canary while it is in traffic (a step, one of
+    its pods Ready and in traffic), never during the shadow stage (its pods answer no client), nor
+    before its first pod is Ready (a gateway would answer 503), nor after promotion or rollback (there is
+    no canary then)."""
+    if decision.canary is None or decision.shadow is not None or decision.weight is None:
+        return None
+    return decision.canary if counts.get(decision.canary, RevisionCounts()).in_traffic > 0 else None
+
+
 def mirror_url(md: ModelDeployment, services: Sequence[Mapping[str, Any]], target: str) -> str | None:
     """Where copies to ``target`` go: its revision Service's ClusterIP (None until it has one)."""
     name = builders.revision_service_name(md.name, target)
@@ -181,7 +191,11 @@ def plan(
     desired.append(builders.build_pdb(md))
     if md.spec.rollout.traffic_routing.mode == "gatewayAPI":
         weight = route_weight(decision, counts)
-        desired.append(routing.build_httproute(md, decision.stable, decision.canary, weight))
+        desired.append(
+            routing.build_httproute(
+                md, decision.stable, decision.canary, weight, header_canary=header_canary(decision, counts)
+            )
+        )
     desired_names = {(o["kind"], o["metadata"]["name"]) for o in desired}
 
     # -- owned children that no longer belong

@@ -6,6 +6,12 @@ revision gets ``100 - w``, the canary ``w`` (exact weights, unlike ``replicas`` 
 is Ready, 0 before (``plan.route_weight``). Warm and failed revisions are not listed (weight 0 means no
 traffic). Written with server-side apply like every child; the real apiserver validates it against the
 Gateway API CRDs.
+
+With ``gatewayAPI.canaryHeader`` set, while a canary is in traffic (a step, one of its pods Ready) a
+first rule sends every request carrying that header (exact value) to the canary alone, whatever the
+weight: a rule with a header match takes precedence over the path-only rule (Gateway API's rule
+precedence). It is not there during the shadow stage, before the canary has a Ready pod, or once the
+canary is promoted or rolled back.
 """
 
 from __future__ import annotations
@@ -28,14 +34,45 @@ def backend_weights(stable: str, canary: str | None, weight: int | None) -> list
 
 
 def build_httproute(
-    md: ModelDeployment, stable: str, canary: str | None, weight: int | None
+    md: ModelDeployment,
+    stable: str,
+    canary: str | None,
+    weight: int | None,
+    *,
+    header_canary: str | None = None,
 ) -> dict[str, Any]:
+    """The route. With ``header_canary`` (the canary in traffic) and ``gatewayAPI.canaryHeader`` set,
+    requests carrying the header go to that revision."""
     gw = md.spec.rollout.traffic_routing.gateway_api
     assert gw is not None, "gatewayAPI mode without spec.rollout.trafficRouting.gatewayAPI"
     labels = {**b.common_labels(md), b.LABEL_COMPONENT: "route"}
+    header_rules: list[dict[str, Any]] = []
+    if gw.canary_header is not None and header_canary is not None:
+        header_rules.append(
+            {
+                "matches": [
+                    {
+                        "path": {"type": "PathPrefix", "value": "/"},
+                        "headers": [
+                            {"type": "Exact", "name": gw.canary_header.name, "value": gw.canary_header.value}
+                        ],
+                    }
+                ],
+                "backendRefs": [
+                    {
+                        "group": "",
+                        "kind": "Service",
+                        "name": b.revision_service_name(md.name, header_canary),
+                        "port": b.SERVER_PORT,
+                        "weight": 1,
+                    }
+                ],
+            }
+        )
     spec: dict[str, Any] = {
         "parentRefs": [p.to_api() for p in gw.parent_refs],
         "rules": [
+            *header_rules,
             {
                 "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
                 "backendRefs": [
@@ -48,7 +85,7 @@ def build_httproute(
                     }
                     for rev, w in backend_weights(stable, canary, weight)
                 ],
-            }
+            },
         ],
     }
     if gw.hostnames:

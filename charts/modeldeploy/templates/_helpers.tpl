@@ -101,12 +101,12 @@ controller.py, kube.py) and from kopf's watches; nothing else is called. No Secr
   resources: [events]
   verbs: [create]
 {{- if .Values.rbac.gatewayAPI }}
-# Gateway API traffic routing (rollout.trafficRouting.mode gatewayAPI): the reconciler lists the
-# ModelDeployment's HTTPRoute, server-side applies its weights and deletes it when routing changes (not
-# watched by kopf).
+# Gateway API traffic routing (rollout.trafficRouting.mode gatewayAPI): kopf watches the HTTPRoutes
+# (label-filtered, so an edited or deleted route is repaired at once), the reconciler lists the
+# ModelDeployment's HTTPRoute, server-side applies its weights and deletes it when routing changes.
 - apiGroups: [gateway.networking.k8s.io]
   resources: [httproutes]
-  verbs: [list, create, patch, delete]
+  verbs: [list, watch, create, patch, delete]
 {{- end }}
 {{- end -}}
 

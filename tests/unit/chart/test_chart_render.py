@@ -267,7 +267,16 @@ def test_gateway_api_rights_only_when_enabled() -> None:
     key = ("gateway.networking.k8s.io", "httproutes")
     assert key not in rule_table(one(render(), "ClusterRole")["rules"])
     rules = rule_table(one(render("--set", "rbac.gatewayAPI=true"), "ClusterRole")["rules"])
-    assert rules[key] == {"list", "create", "patch", "delete"}
+    assert rules[key] == {"list", "watch", "create", "patch", "delete"}
+
+
+def test_httproutes_are_watched_only_with_the_rights_to() -> None:
+    def env(*args: str) -> dict[str, str]:
+        (dep,) = [d for d in render(*args) if d["kind"] == "Deployment"]
+        return {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    assert env()["MODELDEPLOY_WATCH_HTTPROUTES"] == "0"
+    assert env("--set", "rbac.gatewayAPI=true")["MODELDEPLOY_WATCH_HTTPROUTES"] == "1"
 
 
 def test_the_service_monitor_keeps_the_operators_own_namespace_label() -> None:

@@ -152,7 +152,14 @@ def test_kopf_settings_keep_state_under_our_prefix_and_filter_children():
     assert s.persistence.progress_storage.prefix == "modeldeploy.io"
     assert s.peering.priority == 7 and s.peering.mandatory and not s.peering.standalone
     assert s.posting.enabled is False
-    assert len(list(s.watching.label_selectors)) == 4
+
+    # four kinds of children and the HTTPRoutes, label-filtered; without HTTPRoutes when asked
+    def kinds(settings):
+        return {(sel.group, sel.version, sel.any_name) for sel in settings.watching.label_selectors}
+
+    assert kinds(s) == {*operator.CHILD_RESOURCES, operator.HTTPROUTES}
+    off = operator.build_settings(operator.parse_args(["--no-watch-httproutes"]))
+    assert kinds(off) == set(operator.CHILD_RESOURCES)
 
 
 def test_default_priority_is_random_and_positive():
@@ -164,7 +171,11 @@ def test_default_priority_is_random_and_positive():
 def test_registry_has_thin_event_handlers_and_no_finalizer():
     reg = operator.build_registry(Controller(lambda ns, n: None))
     handlers = reg._watching.get_all_handlers()
-    assert len(handlers) == 5  # the ModelDeployment and four kinds of children
+    assert len(handlers) == 6  # the ModelDeployment, four kinds of children and the HTTPRoutes
+    plurals = {h.selector.any_name for h in handlers if h.selector is not None}
+    assert "httproutes" in plurals
+    off = operator.build_registry(Controller(lambda ns, n: None), watch_httproutes=False)
+    assert len(off._watching.get_all_handlers()) == 5
     assert not reg._changing.get_all_handlers()  # no change handlers: no progress or diff-base writes
     assert not reg._spawning.get_all_handlers()  # no daemons/timers: no finalizer
 

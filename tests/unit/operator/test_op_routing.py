@@ -1,0 +1,167 @@
+"""The HTTPRoute in gatewayAPI mode with ``canaryHeader``: a first rule sends requests carrying the header
+to the canary during every step, whatever the weight; not before a canary pod is Ready, not during the
+shadow stage, and gone at promotion or rollback. The reconciler against the in-memory apiserver, a fake
+clock and a fake Prometheus (md_canary.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from md_canary import World, canary_md
+from modeldeploy import routing
+from modeldeploy.analysis import ERROR_RATE
+from modeldeploy.api import ModelDeployment
+from pydantic import ValidationError
+
+HEADER = {"name": "x-modeldeploy-canary", "value": "always"}
+GATEWAY = {"parentRefs": [{"name": "public-gateway", "namespace": "gateway-system"}], "hostnames": ["m.test"]}
+
+
+def gateway_world(header: dict[str, str] | None = HEADER, **rollout: Any) -> World:
+    gw = {**GATEWAY, **({"canaryHeader": header} if header else {})}
+    return World(canary_md(trafficRouting={"mode": "gatewayAPI", "gatewayAPI": gw}, **rollout))
+
+
+def rules(w: World) -> list[dict[str, Any]]:
+    return list(w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"])
+
+
+def header_target(w: World) -> str | None:
+    """The Service the header rule sends to (None: no header rule); asserts the rule's exact shape."""
+    rs = rules(w)
+    with_header = [r for r in rs if any("headers" in m for m in r["matches"])]
+    if not with_header:
+        return None
+    assert len(with_header) == 1 and rs[0] is with_header[0], rs  # first, one rule
+    (match,) = with_header[0]["matches"]
+    assert match == {
+        "path": {"type": "PathPrefix", "value": "/"},
+        "headers": [{"type": "Exact", "name": "x-modeldeploy-canary", "value": "always"}],
+    }
+    (ref,) = with_header[0]["backendRefs"]
+    assert ref["port"] == 8080 and ref["kind"] == "Service" and ref["weight"] == 1
+    return str(ref["name"])
+
+
+def weights(w: World) -> list[tuple[str, int]]:
+    plain = [r for r in rules(w) if not any("headers" in m for m in r["matches"])]
+    assert len(plain) == 1
+    return [(r["name"], r["weight"]) for r in plain[0]["backendRefs"]]
+
+
+def test_the_header_sends_to_the_canary_during_every_step_and_is_gone_after_promotion() -> None:
+    w = gateway_world()
+    old = w.deploy_first()
+    assert header_target(w) is None  # no canary: nothing to send to
+    assert weights(w) == [(f"minilm-{old}", 100)]
+    new = w.new_version("2")
+    w.rec.reconcile("default", "minilm")  # the canary's Deployment exists, no pod of it yet
+    assert header_target(w) is None  # a gateway would answer 503
+    assert weights(w) == [(f"minilm-{old}", 100), (f"minilm-{new}", 0)]
+    seen = []
+    for _ in range(40):
+        w.run_for(1)
+        st = w.status
+        if st.get("canaryRevision") != new:
+            break
+        seen.append((st["step"], dict(weights(w))[f"minilm-{new}"], header_target(w)))
+    assert {step for step, _, _ in seen} == {0, 1, 2}  # steps 25, 50, 100
+    # on exactly while the canary has route weight, i.e. one of its pods is Ready (the first reconcile
+    # after its pod appeared still saw none: weight 0 and no header rule, together)
+    assert all((target == f"minilm-{new}") == (weight > 0) for _, weight, target in seen), seen
+    assert [weight for _, weight, _ in seen].count(0) <= 1, seen
+    assert [h["outcome"] for h in w.status["history"]][-1] == "Promoted"
+    assert header_target(w) is None
+    assert weights(w) == [(f"minilm-{new}", 100)]
+
+
+def test_the_header_rule_is_removed_at_rollback() -> None:
+    w = gateway_world()
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    assert header_target(w) == f"minilm-{new}"
+    w.prom.values[new] = {ERROR_RATE: 0.5}
+    w.run_for(10)
+    assert [h["outcome"] for h in w.status["history"]][-1] == "RolledBack"
+    assert header_target(w) is None
+    assert weights(w) == [(f"minilm-{old}", 100)]
+
+
+def test_no_header_rule_during_the_shadow_stage() -> None:
+    shadow = {"duration": "10s", "sampleRate": 0.2, "minSamples": 200, "minAgreement": 0.99}
+    w = gateway_world(shadow=shadow)
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    shadowing = 0
+    for _ in range(30):
+        st = w.status
+        if st.get("phase") == "Shadowing":
+            shadowing += 1
+            assert header_target(w) is None  # the shadow's pods answer no client, header or not
+            assert weights(w) == [(f"minilm-{old}", 100), (f"minilm-{new}", 0)]
+        elif st.get("canaryRevision") == new and st.get("stepStartedAt"):
+            break
+        w.run_for(1)
+    assert shadowing >= 5
+    assert w.status["step"] == 0 and header_target(w) == f"minilm-{new}"  # the first step: on
+
+
+def test_without_canary_header_the_route_has_one_rule() -> None:
+    w = gateway_world(header=None)
+    w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    assert w.status["canaryRevision"] == new and len(rules(w)) == 1 and header_target(w) is None
+
+
+def test_build_httproute_puts_the_header_rule_first_and_keeps_the_route_fields() -> None:
+    body = canary_md(trafficRouting={"mode": "gatewayAPI", "gatewayAPI": {**GATEWAY, "canaryHeader": HEADER}})
+    body["metadata"].update({"namespace": "default", "uid": "u1"})
+    md = ModelDeployment.from_api(body)
+    route = routing.build_httproute(md, "a", "b", 25, header_canary="b")
+    assert [r["backendRefs"][0]["name"] for r in route["spec"]["rules"]] == ["minilm-b", "minilm-a"]
+    assert [(x["name"], x["weight"]) for x in route["spec"]["rules"][1]["backendRefs"]] == [
+        ("minilm-a", 75),
+        ("minilm-b", 25),
+    ]
+    assert route["spec"]["hostnames"] == ["m.test"]
+    assert route["spec"]["parentRefs"][0] == {
+        "name": "public-gateway",
+        "namespace": "gateway-system",
+        "group": "gateway.networking.k8s.io",
+        "kind": "Gateway",
+    }
+    assert len(routing.build_httproute(md, "a", "b", 25)["spec"]["rules"]) == 1  # no canary in traffic
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"name": "x canary", "value": "1"},
+        {"name": "", "value": "1"},
+        {"name": "x-c", "value": ""},
+        {"name": "x"},
+    ],
+)
+def test_an_invalid_header_is_refused(header: dict[str, str]) -> None:
+    body = canary_md(trafficRouting={"mode": "gatewayAPI", "gatewayAPI": {**GATEWAY, "canaryHeader": header}})
+    body["metadata"].update({"namespace": "default", "uid": "u1"})
+    with pytest.raises(ValidationError):
+        ModelDeployment.from_api(body)
+
+
+def test_the_server_container_is_told_its_revision() -> None:
+    """So that every answer names its revision (x-modeldeploy-revision), behind a Service or a gateway."""
+    from modeldeploy import builders as b
+
+    body = canary_md()
+    body["metadata"].update({"namespace": "default", "uid": "u1"})
+    md = ModelDeployment.from_api(body)
+    dep = b.build_deployment(md, md.spec, "abc123", 2)
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MODELDEPLOY_REVISION"] == "abc123"
+    assert dep["spec"]["template"]["metadata"]["labels"][b.LABEL_REVISION] == "abc123"
