@@ -1,22 +1,24 @@
 """Support for the progressive-delivery e2e tests: ModelDeployments of the built-in noop model with
 knobs (a good revision, one failing a share of inputs, a slow one, one that fails on a marker text),
-and a bounded load generator that sends traffic the way a client of the cluster would.
+and a bounded load generator that sends traffic the way a client of the cluster does.
 
-Routing of the load generator:
+Where the load generator sends (nothing of the routing is computed here):
 
-* ``replicas`` mode: like kube-proxy, each request goes to a random *ready* endpoint of the model
-  Service's EndpointSlices (refreshed every 100 ms) -- so the canary's share is what the operator's
-  readiness gates make it;
-* ``gatewayAPI`` mode: there is no gateway data plane in the local cluster, so the load generator plays
-  the gateway: it reads the HTTPRoute's weighted backendRefs, picks a backend by weight, then a random
-  ready endpoint of that revision Service's EndpointSlices.
+* ``replicas`` mode: to the model Service's ClusterIP (kube-proxy picks a ready endpoint per
+  connection), one connection per request, so every request is balanced anew -- the canary's share is
+  what the operator's readiness gates make it;
+* ``gatewayAPI`` mode: to the cluster's Gateway (Traefik, ``Cluster.gateway_url``), with the Host header
+  set to the route's first hostname (from the ModelDeployment's spec, as a client is configured),
+  keep-alive -- the HTTPRoute's weights are applied by the gateway, per request.
 
-It is bounded both by a request count and by wall time, and only talks to pod IPs (the local pod
-network). Every attempt is recorded: time, pod IP, revision of that pod, HTTP status and the
-``model_version`` of the answer. An attempt that finds no ready endpoint is a failure of its own kind
-(``no_endpoint``), not a pause; 4xx answers are failures too (counted apart: the inputs are valid).
-Nothing is swallowed: a worker that dies, or routing that could not be refreshed for longer than
-:data:`STALE_ROUTING_S`, makes :meth:`LoadGenerator.stop` raise :class:`LoadGeneratorError`.
+Which revision answered is what the answer says: every server sends ``x-modeldeploy-revision`` (the
+operator sets MODELDEPLOY_REVISION on its container). It is bounded both by a request count and by wall
+time. Every attempt is recorded: time, the revision that answered (None when no server did: the
+gateway's own 503, a refused connection), HTTP status and the ``model_version`` of the answer. Failures
+are what the data plane gives: a Service with no ready endpoint refuses the connection
+(``connection_error``), a route to a backend with no ready endpoint is the gateway's 503 (``http_5xx``
+with no revision); 4xx answers are failures too (counted apart: the inputs are valid). Nothing is
+swallowed: a worker that dies makes :meth:`LoadGenerator.stop` raise :class:`LoadGeneratorError`.
 """
 
 from __future__ import annotations
@@ -27,22 +29,32 @@ import threading
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from localcluster.kubeapi import service_url
 from localcluster.testing import Kube
 
 GROUP_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}"
 POISON = "POISON"
-#: routing older than this (consecutive refresh failures) fails the load generator
-STALE_ROUTING_S = 2.0
-#: code recorded for an attempt that found no ready endpoint (0 is a connection error)
-NO_ENDPOINT = -1
+#: the header every model server answers with: the revision of the pod that answered
+REVISION_HEADER = "x-modeldeploy-revision"
+#: the Gateway of the local cluster (``make cluster-up`` creates it): routes in gatewayAPI mode attach to it
+GATEWAY_PARENT = {"name": "public-gateway", "namespace": "gateway-system"}
 
 
 class LoadGeneratorError(AssertionError):
-    """The load generator itself failed (a worker died, routing went stale): its records can't be trusted."""
+    """The load generator itself failed (a worker died): its records can't be trusted."""
+
+
+def gateway_routing(ns: str, name: str, **extra: Any) -> dict[str, Any]:
+    """``spec.rollout.trafficRouting`` for gatewayAPI mode on the shared Gateway: a hostname of the
+    test's own (the Gateway is shared by every namespace; routes tell themselves apart by hostname)."""
+    return {
+        "mode": "gatewayAPI",
+        "gatewayAPI": {"parentRefs": [dict(GATEWAY_PARENT)], "hostnames": [f"{name}.{ns}.test"], **extra},
+    }
 
 
 def noop_md(name: str, version: str, uri: str, **rollout: Any) -> dict[str, Any]:
@@ -80,34 +92,27 @@ def noop_md(name: str, version: str, uri: str, **rollout: Any) -> dict[str, Any]
 @dataclass
 class Record:
     t: float  # time.monotonic()
-    ip: str  # "" when no endpoint was ready
-    revision: str | None  # of the pod that answered (from its labels)
-    code: int  # HTTP status; 0: connection error; NO_ENDPOINT: nothing to send to
+    revision: str | None  # x-modeldeploy-revision of the answer (None: no model server answered)
+    code: int  # HTTP status; 0: connection error (refused, reset, timed out)
     version: str | None = None  # model_version in the answer's body (200 only)
 
     @property
     def kind(self) -> str:
-        """ok | http_4xx | http_5xx | connection_error | no_endpoint"""
+        """ok | http_4xx | http_5xx | connection_error"""
         if self.code == 200:
             return "ok"
-        if self.code == NO_ENDPOINT:
-            return "no_endpoint"
         if self.code == 0:
             return "connection_error"
         return "http_4xx" if 400 <= self.code < 500 else "http_5xx"
 
 
-@dataclass
-class Routing:
-    """What the load generator routes over, refreshed from the apiserver."""
-
-    endpoints: dict[str, list[str]] = field(default_factory=dict)  # revision (or "*") -> ready IPs
-    weights: list[tuple[str, int]] = field(default_factory=list)  # gatewayAPI: (revision, weight)
-    ip_revision: dict[str, str] = field(default_factory=dict)
-
-
 class LoadGenerator:
-    """Bounded closed-loop load: ``workers`` threads, each with a pause between requests."""
+    """Bounded closed-loop load: ``workers`` threads, each with a pause between requests.
+
+    ``url`` (and ``host``) override where requests go; by default the model Service's ClusterIP
+    (``replicas``) or the cluster's Gateway with the route's hostname (``gatewayAPI``), resolved at
+    :meth:`start`.
+    """
 
     def __init__(
         self,
@@ -121,94 +126,44 @@ class LoadGenerator:
         workers: int = 3,
         pause: float = 0.02,
         poison_share: float = 0.0,
+        url: str | None = None,
+        host: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.kube, self.ns, self.name, self.mode = kube, ns, name, mode
         self.max_requests, self.max_seconds = max_requests, max_seconds
         self.workers, self.pause = workers, pause
         self.poison_share = poison_share
+        self.url, self.host = url, host
+        self.headers = dict(headers or {})
         self.records: list[Record] = []
-        self.routing = Routing()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._sent = 0
         self.started = 0.0
-        self.errors: list[str] = []  # tracebacks of dead workers, stale routing
-        self.refresh_errors = 0  # transient (routing kept, younger than STALE_ROUTING_S)
-        self._refreshed_at = 0.0
+        self.errors: list[str] = []  # tracebacks of dead workers
 
-    # -- routing
-    def _slices(self, service: str) -> list[str]:
-        slices = (
-            self.kube.api.get(
-                f"/apis/discovery.k8s.io/v1/namespaces/{self.ns}/endpointslices",
-                params={"labelSelector": f"kubernetes.io/service-name={service}"},
-            )
-            or {}
-        )
-        return sorted(
-            addr
-            for s in slices.get("items", [])
-            for ep in s.get("endpoints") or []
-            if (ep.get("conditions") or {}).get("ready")
-            for addr in ep["addresses"]
-        )
-
-    def refresh(self) -> None:
-        pods = self.kube.pods(self.ns, f"modeldeploy.io/name={self.name}")
-        ip_rev = {
-            p["status"]["podIP"]: p["metadata"]["labels"]["modeldeploy.io/revision"]
-            for p in pods
-            if (p.get("status") or {}).get("podIP")
-        }
-        r = Routing(ip_revision={**self.routing.ip_revision, **ip_rev})
+    # -- where to
+    def resolve(self) -> None:
+        """The URL (and Host) a client of this routing mode uses; nothing about pods or weights."""
+        if self.url is not None:
+            return
         if self.mode == "gatewayAPI":
-            route = self.kube.get(
-                f"/apis/gateway.networking.k8s.io/v1/namespaces/{self.ns}/httproutes/{self.name}"
-            )
-            refs = (route or {}).get("spec", {}).get("rules", [{}])[0].get("backendRefs", [])
-            for ref in refs:
-                rev = ref["name"][len(self.name) + 1 :]
-                r.weights.append((rev, int(ref.get("weight", 1))))
-                r.endpoints[rev] = self._slices(ref["name"])
+            gateway = self.kube.cluster.gateway_url
+            if not gateway:
+                raise LoadGeneratorError("gatewayAPI mode needs the cluster's Gateway URL (E2E_GATEWAY_URL)")
+            md = self.kube.get(GROUP_PATH.format(ns=self.ns, name=self.name)) or {}
+            routing = ((md.get("spec") or {}).get("rollout") or {}).get("trafficRouting") or {}
+            gw = routing.get("gatewayAPI") or {}
+            hostnames = gw.get("hostnames") or []
+            self.url = gateway.rstrip("/")
+            if self.host is None and hostnames:
+                self.host = hostnames[0]
         else:
-            r.endpoints["*"] = self._slices(self.name)
-        self.routing = r
-
-    def pick(self, rnd: random.Random) -> tuple[str | None, str | None]:
-        """(revision routed to, ready endpoint IP): the IP is None when that backend has no ready
-        endpoint; the revision is None in ``replicas`` mode (the Service spans every revision)."""
-        r = self.routing
-        if self.mode == "gatewayAPI":
-            total = sum(w for _, w in r.weights)
-            if total <= 0:
-                return None, None
-            x = rnd.uniform(0, total)
-            for rev, w in r.weights:
-                x -= w
-                if x <= 0:
-                    ips = r.endpoints.get(rev) or []
-                    return rev, rnd.choice(ips) if ips else None
-            return None, None
-        ips = r.endpoints.get("*") or []
-        return None, rnd.choice(ips) if ips else None
+            self.url = service_url(self.kube.api, self.ns, self.name)
 
     # -- load
-    def _refresher(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.refresh()
-                self._refreshed_at = time.monotonic()
-            except Exception:
-                # keep the last routing for a moment (a transient apiserver error), never longer
-                stale = time.monotonic() - self._refreshed_at
-                with self._lock:
-                    self.refresh_errors += 1
-                    if stale > STALE_ROUTING_S:
-                        self.errors.append(f"routing stale for {stale:.1f}s:\n{traceback.format_exc()}")
-                        self._stop.set()
-            self._stop.wait(0.1)
-
     def _guarded(self, seed: int) -> None:
         try:
             self._worker(seed)
@@ -220,43 +175,46 @@ class LoadGenerator:
         with self._lock:
             self.records.append(rec)
 
+    def send(self, client: httpx.Client, text: str) -> Record:
+        """One request; every outcome is a record (a connection error too)."""
+        body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+        try:
+            resp = client.post(f"{self.url}/v2/models/echo/infer", json=body)
+        except httpx.HTTPError:
+            return Record(time.monotonic(), None, 0)
+        version = resp.json().get("model_version") if resp.status_code == 200 else None
+        return Record(time.monotonic(), resp.headers.get(REVISION_HEADER), resp.status_code, version)
+
     def _worker(self, seed: int) -> None:
         rnd = random.Random(seed)
-        with httpx.Client(timeout=5) as client:
+        headers = dict(self.headers)
+        if self.host:
+            headers["Host"] = self.host
+        if self.mode != "gatewayAPI":
+            # kube-proxy balances connections, not requests: a new connection for every request
+            headers["Connection"] = "close"
+        with httpx.Client(timeout=5, headers=headers) as client:
             i = 0
             while not self._stop.is_set():
                 with self._lock:
                     if self._sent >= self.max_requests or time.monotonic() - self.started > self.max_seconds:
                         return
                     self._sent += 1
-                routed, ip = self.pick(rnd)
-                if ip is None:  # revision: the backend the route chose, if any
-                    self._record(Record(time.monotonic(), "", routed, NO_ENDPOINT))
-                    time.sleep(0.05)
-                    continue
                 i += 1
                 text = f"request {seed}-{i} {rnd.random():.6f}"
                 if self.poison_share and rnd.random() < self.poison_share:
                     text += f" {POISON}"
-                body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
-                version = None
-                try:
-                    resp = client.post(f"http://{ip}:8080/v2/models/echo/infer", json=body)
-                    code = resp.status_code
-                    if code == 200:
-                        version = resp.json().get("model_version")
-                except httpx.HTTPError:
-                    code = 0
-                self._record(Record(time.monotonic(), ip, self.routing.ip_revision.get(ip), code, version))
+                rec = self.send(client, text)
+                self._record(rec)
+                if rec.code == 0:
+                    time.sleep(0.05)  # refused at once: do not spin
                 if self.pause:
                     time.sleep(self.pause)
 
     def start(self) -> LoadGenerator:
+        self.resolve()
         self.started = time.monotonic()
-        self.refresh()
-        self._refreshed_at = time.monotonic()
-        self._threads = [threading.Thread(target=self._refresher, daemon=True)]
-        self._threads += [
+        self._threads = [
             threading.Thread(target=self._guarded, args=(i,), daemon=True) for i in range(self.workers)
         ]
         for t in self._threads:
@@ -270,7 +228,7 @@ class LoadGenerator:
         self.stop()
 
     def stop(self) -> None:
-        """Stop and join; raises :class:`LoadGeneratorError` if a worker died or routing went stale."""
+        """Stop and join; raises :class:`LoadGeneratorError` if a worker died."""
         self._stop.set()
         for t in self._threads:
             t.join(timeout=10)
@@ -286,16 +244,16 @@ class LoadGenerator:
             return [r for r in self.records if r.t >= since]
 
     def by_revision(self, since: float = 0.0) -> Counter[str | None]:
-        """Answers (any status) by the revision of the pod that gave them; attempts with no endpoint are
-        in :meth:`by_kind`."""
-        return Counter(r.revision for r in self.snapshot(since) if r.kind != "no_endpoint")
+        """Attempts (any status) by the revision that answered; None: no model server answered (a
+        refused connection, the gateway's own error)."""
+        return Counter(r.revision for r in self.snapshot(since))
 
     def by_kind(self, since: float = 0.0) -> Counter[str]:
-        """Attempts by outcome: ok, http_4xx, http_5xx, connection_error, no_endpoint."""
+        """Attempts by outcome: ok, http_4xx, http_5xx, connection_error."""
         return Counter(r.kind for r in self.snapshot(since))
 
     def failed_share(self, since: float = 0.0) -> float:
-        """Share of attempts not answered 200 (4xx, 5xx, connection errors and no ready endpoint alike)."""
+        """Share of attempts not answered 200 (4xx, 5xx and connection errors alike)."""
         recs = self.snapshot(since)
         return sum(1 for r in recs if r.kind != "ok") / len(recs) if recs else 0.0
 

@@ -1,6 +1,7 @@
 """The shadow stage end to end on the local cluster: the operator, real server processes, the real
 Prometheus, kube-proxy carrying the copies to the shadow revision's Service, and a bounded load generator
-sending user traffic through the model's routing (tests/e2e/canary_support.py).
+sending user traffic the way a client does: to the model Service's ClusterIP or through the Gateway
+(Traefik) (tests/e2e/canary_support.py).
 
 1. the same MiniLM as a new version: agreement >= 0.99 in the shadow stage, then the steps, promoted;
 2. a MiniLM that answers fast, 200 and wrong (examples/mangled-minilm/handler.py): rolled back at the end
@@ -29,7 +30,7 @@ import pytest
 from localcluster.promtext import sample_sum
 from localcluster.testing import Kube, wait_for
 
-from .canary_support import LoadGenerator, events, md_status, noop_md, start_operator
+from .canary_support import LoadGenerator, events, gateway_routing, md_status, noop_md, start_operator
 from .conftest import minilm_uri
 
 NAME = "echo"
@@ -48,17 +49,14 @@ def report() -> Any:
         Path(os.environ["SHADOW_E2E_REPORT"]).write_text(text)
 
 
-def routing(mode: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"mode": mode}
-    if mode == "gatewayAPI":
-        out["gatewayAPI"] = {"parentRefs": [{"name": "public-gateway"}]}
-    return out
+def routing(mode: str, ns: str) -> dict[str, Any]:
+    return gateway_routing(ns, NAME) if mode == "gatewayAPI" else {"mode": mode}
 
 
-def minilm_md(version: str, uri: str, mode: str, **model: Any) -> dict[str, Any]:
+def minilm_md(version: str, uri: str, mode: str, ns: str, **model: Any) -> dict[str, Any]:
     """MiniLM served under the model name the load generator uses."""
     md = noop_md(
-        NAME, version, uri, steps=[50, 100], interval="5s", shadow=SHADOW, trafficRouting=routing(mode)
+        NAME, version, uri, steps=[50, 100], interval="5s", shadow=SHADOW, trafficRouting=routing(mode, ns)
     )
     md["spec"]["model"] = {
         "name": NAME,
@@ -176,19 +174,19 @@ def test_minilm_shadow_stage(
 ) -> None:
     ns = namespace
     uri = minilm_uri()
-    kube.apply(minilm_md("1", uri, mode), ns)
+    kube.apply(minilm_md("1", uri, mode, ns), ns)
     v1 = stable_on(kube, ns, "1")
     load = LoadGenerator(kube, ns, NAME, mode=mode, workers=3, pause=0.03, max_seconds=240)
     w = ShadowWatch(kube, ns, v1)
     with load:
         started = time.monotonic()
         if model == "same":
-            kube.apply(minilm_md("2", uri, mode), ns)
+            kube.apply(minilm_md("2", uri, mode, ns), ns)
             st = w.until("Promoted", timeout=240)
         else:
             kube.apply(
                 minilm_md(
-                    "2", mangled_model_dir(tmp_path), mode, format="custom", handler="handler.py:Handler"
+                    "2", mangled_model_dir(tmp_path), mode, ns, format="custom", handler="handler.py:Handler"
                 ),
                 ns,
             )

@@ -1,93 +1,130 @@
-"""The e2e load generator (tests/e2e/canary_support.py) hides nothing: an attempt with no ready endpoint
-is a failure of its own kind, 4xx are failures, a dead worker or stale routing fails the run, and the split
-test is an exact binomial test. The apiserver is a stand-in here (no pods, no slices, or one that fails);
-nothing is sent anywhere: with no endpoint the generator never opens a connection."""
+"""The e2e load generator (tests/e2e/canary_support.py) hides nothing and computes no routing: it sends
+where a client would, records who answered from the answer's ``x-modeldeploy-revision`` header, counts
+a refused connection or a 4xx as a failure, and a dead worker fails the run. The split test is an exact
+binomial test. A small HTTP server on loopback stands in for the Service or the gateway."""
 
 from __future__ import annotations
 
+import json
+import socket
+import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
 
+import httpx
 import pytest
 
-from tests.e2e import canary_support
-from tests.e2e.canary_support import (
-    NO_ENDPOINT,
-    LoadGenerator,
-    LoadGeneratorError,
-    Record,
-    binomial_p_value,
-)
+from tests.e2e.canary_support import LoadGenerator, LoadGeneratorError, Record, binomial_p_value
 
 
-class _EmptyCluster:
-    """An apiserver with the model but no ready endpoint (every pod down)."""
+class _Handler(BaseHTTPRequestHandler):
+    """Answers like a model server of revision ``r1`` (or ``r2`` for every third request), or, for a
+    text with ``GATEWAY``, like a gateway with no backend: 503 without the revision header."""
 
-    def __init__(self) -> None:
-        self.api = self
+    hosts: ClassVar[list[str]] = []
+    n: ClassVar[int] = 0
+    lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def pods(self, ns: str, selector: str = "") -> list[dict[str, Any]]:
-        return []
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        text = body["inputs"][0]["data"][0]
+        with self.lock:
+            type(self).hosts.append(self.headers["Host"])
+            type(self).n += 1
+            n = type(self).n
+        if "GATEWAY" in self.headers.get("x-test", ""):
+            self._answer(503, b"no available server", None)
+        elif "POISON" in text:
+            self._answer(500, b'{"error": "boom"}', "r1")
+        else:
+            rev = "r2" if n % 3 == 0 else "r1"
+            self._answer(200, json.dumps({"model_version": rev[-1], "outputs": []}).encode(), rev)
 
-    def get(self, path: str, params: Any = None) -> dict[str, Any]:
-        return {"items": []}
+    def _answer(self, code: int, payload: bytes, revision: str | None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(payload)))
+        if revision:
+            self.send_header("x-modeldeploy-revision", revision)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
-class _FailingCluster(_EmptyCluster):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
+@pytest.fixture
+def server() -> Iterator[str]:
+    _Handler.hosts, _Handler.n = [], 0
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
 
-    def pods(self, ns: str, selector: str = "") -> list[dict[str, Any]]:
-        self.calls += 1
-        if self.calls > 1:  # the first refresh (in start) works; then the apiserver is gone
-            raise ConnectionError("apiserver unreachable")
-        return []
+
+def run(load: LoadGenerator, n: int) -> LoadGenerator:
+    load.start()
+    deadline = time.monotonic() + 10
+    while len(load.snapshot()) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    load.stop()
+    return load
+
+
+def _gen(url: str, n: int, **kw: Any) -> LoadGenerator:
+    return LoadGenerator(None, "ns", "m", url=url, max_requests=n, max_seconds=10, pause=0, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
     ("code", "kind"),
-    [
-        (200, "ok"),
-        (404, "http_4xx"),
-        (429, "http_4xx"),
-        (503, "http_5xx"),
-        (0, "connection_error"),
-        (NO_ENDPOINT, "no_endpoint"),
-    ],
+    [(200, "ok"), (404, "http_4xx"), (429, "http_4xx"), (503, "http_5xx"), (0, "connection_error")],
 )
 def test_every_attempt_has_a_kind_and_only_200_is_ok(code: int, kind: str) -> None:
-    assert Record(0.0, "10.0.0.1", "r", code).kind == kind
+    assert Record(0.0, "r", code).kind == kind
 
 
-def test_no_ready_endpoint_is_recorded_as_a_failure_not_skipped() -> None:
-    load = LoadGenerator(_EmptyCluster(), "ns", "m", max_requests=5, max_seconds=10, workers=1)  # type: ignore[arg-type]
-    load.start()
-    deadline = time.monotonic() + 10
-    while len(load.snapshot()) < 5 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    load.stop()
-    assert load.by_kind() == {"no_endpoint": 5}
+def test_the_revision_is_what_the_answer_says(server: str) -> None:
+    load = run(_gen(server, 30, workers=2), 30)
+    assert len(load.snapshot()) == 30
+    assert load.by_kind() == {"ok": 30}
+    assert load.by_revision() == {"r1": 20, "r2": 10}
+    assert {(r.revision, r.version) for r in load.snapshot()} == {("r1", "1"), ("r2", "2")}
+
+
+def test_the_gateways_own_503_is_a_failure_answered_by_no_revision(server: str) -> None:
+    load = run(_gen(server, 10, workers=1, headers={"x-test": "GATEWAY"}), 10)
+    assert load.by_kind() == {"http_5xx": 10} and load.by_revision() == {None: 10}
     assert load.failed_share() == 1.0
 
 
-def test_stale_routing_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(canary_support, "STALE_ROUTING_S", 0.3)
-    load = LoadGenerator(_FailingCluster(), "ns", "m", max_requests=10_000, max_seconds=5, workers=1)  # type: ignore[arg-type]
-    load.start()
-    time.sleep(1.0)
-    with pytest.raises(LoadGeneratorError, match="routing stale"):
-        load.stop()
-    assert load.refresh_errors >= 2
+def test_a_refused_connection_is_recorded_as_a_failure_not_skipped() -> None:
+    with socket.socket() as s:  # a port nobody listens on: refused, like a Service with no endpoint
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    load = run(_gen(f"http://127.0.0.1:{port}", 5, workers=1), 5)
+    assert load.by_kind() == {"connection_error": 5} and load.by_revision() == {None: 5}
 
 
-def test_a_worker_that_dies_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    load = LoadGenerator(_EmptyCluster(), "ns", "m", max_requests=10, max_seconds=5, workers=2)  # type: ignore[arg-type]
+def test_the_host_header_names_the_route(server: str) -> None:
+    run(_gen(server, 5, workers=1, host="echo.ns.test", mode="gatewayAPI"), 5)
+    assert set(_Handler.hosts) == {"echo.ns.test"}
 
-    def boom(rnd: Any) -> tuple[str | None, str | None]:
-        raise KeyError("a bug in routing")
 
-    monkeypatch.setattr(load, "pick", boom)
+def test_poison_answers_are_the_servers_failures(server: str) -> None:
+    load = run(_gen(server, 40, workers=2, poison_share=1.0), 40)
+    assert load.by_kind() == {"http_5xx": 40} and load.by_revision() == {"r1": 40}
+
+
+def test_a_worker_that_dies_fails_the_run(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    load = _gen(server, 10, workers=2)
+
+    def boom(client: httpx.Client, text: str) -> Record:
+        raise KeyError("a bug in the load generator")
+
+    monkeypatch.setattr(load, "send", boom)
     load.start()
     time.sleep(0.3)
     with pytest.raises(LoadGeneratorError, match="worker 0 died"):
@@ -95,13 +132,13 @@ def test_a_worker_that_dies_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_only_stable_answers_lists_everything_else() -> None:
-    load = LoadGenerator(_EmptyCluster(), "ns", "m")  # type: ignore[arg-type]
+    load = _gen("http://unused", 1)
     load.records = [
-        Record(1.0, "a", "v1", 200, "1"),
-        Record(2.0, "b", "v2", 200, "2"),  # the other revision
-        Record(3.0, "a", "v1", 503, None),  # a failure from the right one
-        Record(4.0, "", None, NO_ENDPOINT),
-        Record(5.0, "a", "v1", 200, "1"),
+        Record(1.0, "v1", 200, "1"),
+        Record(2.0, "v2", 200, "2"),  # the other revision
+        Record(3.0, "v1", 503, None),  # a failure from the right one
+        Record(4.0, None, 0),  # refused
+        Record(5.0, "v1", 200, "1"),
     ]
     wrong = load.answered_only_by("v1", "1", since=2.0)
     assert [r.t for r in wrong] == [2.0, 3.0, 4.0]
