@@ -9,7 +9,7 @@ STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 nftables deps test test-unit test-integration test-e2e lint \
-        cluster-up cluster-down demo rehearsal bench-serving bench-operator bench-canary crds e2e-kind shellcheck clean
+        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-operator bench-canary crds e2e-kind shellcheck clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
@@ -17,6 +17,7 @@ help:
 	@echo "make lint        ruff check + format check, mypy, shellcheck, hadolint, helm lint"
 	@echo "make cluster-up / cluster-down   the local Kubernetes cluster alone"
 	@echo "make bench-serving / bench-operator / bench-canary   benchmarks (results under bench/results/)"
+	@echo "make bench-serving-shadow   only the shadow-copy cost section of bench-serving"
 	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
 	@echo "make rehearsal   the fresh-machine rehearsal: .ci/run on a clone of main with empty Go and binary caches"
 	@echo "make e2e-kind    the e2e suite on kind with a GPU worker (docs/gpu-kind.md)"
@@ -87,6 +88,11 @@ demo: deps
 
 bench-serving: venv
 	$(PY) -m bench.serving
+	$(PY) -m bench.serving_shadow
+
+# the shadow mirror's cost alone (also part of bench-serving)
+bench-serving-shadow: venv
+	$(PY) -m bench.serving_shadow
 
 bench-operator: deps
 	$(PY) -m bench.operator

@@ -10,6 +10,9 @@ workloads: short texts of 4-24 words, and a long-tailed mix (log-normal token co
 plus an open-loop Poisson run at 70% of (2) (p50/p99 latency) and the server overhead with the no-op model
 driven by ``wrk`` (apt package; a Python generator when wrk is missing): requests/s and server CPU us/request.
 
+``make bench-serving`` then runs bench/serving_shadow.py (what shadow copies cost the stable server; alone:
+``make bench-serving-shadow``).
+
 Every configuration uses the same torch thread count (the best one for (1)). Runtime is bounded (about 6 min
 on 2 cores); ``--quick`` shortens every phase for a smoke run.
 """
@@ -187,15 +190,17 @@ class Limit:
 
 
 class Proc:
-    def __init__(self, args: list[str], name: str, log_dir: Path) -> None:
+    def __init__(self, args: list[str], name: str, log_dir: Path, cpus: str | None = None) -> None:
+        """``cpus``: pin the process to these CPUs (``taskset -c`` list, e.g. ``"0"``)."""
         self.port = free_port()
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
         env = {k: v for k, v in os.environ.items() if not k.startswith("MODELSERVER_")}
         env["HF_HUB_OFFLINE"] = "1"
+        pin = ["taskset", "-c", cpus] if cpus is not None else []
         self.proc = subprocess.Popen(
-            [sys.executable, *[a.replace("{port}", str(self.port)) for a in args]],
+            [*pin, sys.executable, *[a.replace("{port}", str(self.port)) for a in args]],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
