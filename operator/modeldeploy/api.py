@@ -551,6 +551,39 @@ class RolloutSpec(_Model):
         return value
 
 
+class FallbackModelSpec(_Model):
+    """A lighter model for the CPU fallback (unset fields: the serving revision's)."""
+
+    version: str | None = Field(default=None, min_length=1, max_length=63, pattern=NAME_PATTERN)
+    uri: str | None = Field(default=None, max_length=2048, pattern=URI_PATTERN)
+    format: Literal["auto", "hf", "torchscript", "export", "custom", "noop"] | None = None
+    task: Literal["auto", "embedding", "classification"] | None = None
+    handler: str | None = Field(default=None, max_length=512)
+
+
+class FallbackSpec(_Model):
+    """A CPU revision that answers while the GPU revision has no pod in traffic (GPUs gone, node failed,
+    pods unschedulable or crash-looping): slower, but the service keeps answering."""
+
+    enabled: bool = Field(default=True, description="false: never fall back (the spec may stay).")
+    after: Duration = Field(
+        default="60s", description="How long the GPU revision may have no pod in traffic before the fallback."
+    )
+    return_after: Duration = Field(
+        default="30s",
+        description="How long every GPU pod must be ready again before traffic returns to them (hysteresis).",
+    )
+    replicas: int = Field(default=1, ge=1, le=100, description="Pods of the fallback revision while active.")
+    idle_replicas: int = Field(
+        default=0, ge=0, le=100, description="Pods kept warm (out of traffic) while the fallback is idle."
+    )
+    cpu: Quantity = Field(default="2", description="CPU request per fallback pod.")
+    memory: Quantity = Field(default="4Gi", description="Memory request and limit per fallback pod.")
+    model: FallbackModelSpec | None = Field(default=None, description="A lighter model (default: the same).")
+
+    _q = field_validator("cpu", "memory")(_check_quantity)
+
+
 class ModelDeploymentSpec(_Model):
     """Desired state of a ModelDeployment."""
 
@@ -573,6 +606,9 @@ class ModelDeploymentSpec(_Model):
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
     batching: BatchingSpec = Field(default_factory=BatchingSpec, json_schema_extra=_default_of(BatchingSpec))
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra=_default_of(RolloutSpec))
+    fallback: FallbackSpec | None = Field(
+        default=None, description="A CPU fallback for when the GPU pods cannot serve (unset: none)."
+    )
 
 
 # ---------------------------------------------------------------------------------------------- status
@@ -588,7 +624,7 @@ class _StatusModel(_Model):
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 Phase = Literal["Pending", "Progressing", "Shadowing", "Paused", "Healthy", "Degraded", "Failed"]
-Role = Literal["stable", "canary", "shadow", "previous", "old"]
+Role = Literal["stable", "canary", "shadow", "previous", "old", "fallback"]
 
 
 class Condition(_StatusModel):
@@ -645,6 +681,21 @@ class ShadowStatus(_StatusModel):
     copying_pods: int | None = Field(default=None, ge=0, description="Stable servers that report copying.")
     agreement: float | None = Field(default=None, description="Agreement so far (since started_at).")
     samples: int | None = Field(default=None, ge=0, description="Compared requests so far.")
+
+
+class FallbackStatus(_StatusModel):
+    """The CPU fallback: idle, active (answering instead of the GPU revision) or returning."""
+
+    revision: str = Field(max_length=63)
+    state: Literal["Idle", "Active", "Returning"] = "Idle"
+    no_traffic_since: datetime | None = Field(
+        default=None, description="Since when the GPU revision has had no pod in traffic (while idle)."
+    )
+    active_since: datetime | None = None
+    ready_since: datetime | None = Field(
+        default=None, description="Since when every GPU pod is ready again (while active: the hysteresis)."
+    )
+    cause: str | None = Field(default=None, max_length=4096)
 
 
 class AnalysisStatus(_StatusModel):
@@ -727,6 +778,7 @@ class ModelDeploymentStatus(_StatusModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     shadow: ShadowStatus | None = None
+    fallback: FallbackStatus | None = None
     analysis: AnalysisStatus | None = None
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
 

@@ -218,6 +218,7 @@ class Decision:
     routing_mode: str = "replicas"
     shadow: ShadowStatus | None = None  # the shadow stage, while in it
     mirror: Mirror | None = None  # which servers copy requests where
+    fallback_revision: str | None = None  # the CPU fallback in traffic (modeldeploy.fallback): route to it
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -343,6 +344,7 @@ class Rollout:
     results: list[RolloutResult] = field(default_factory=list)
     wake: list[datetime] = field(default_factory=list)
     probe: Probe | None = None
+    hold: bool = False  # the CPU fallback is in traffic: nothing is judged (modeldeploy.fallback)
 
     @classmethod
     def observe(
@@ -354,6 +356,7 @@ class Rollout:
         now: datetime,
         measure: Measure | None,
         probe: Probe | None = None,
+        hold: bool = False,
     ) -> Rollout:
         st = md.status
         ctx = cls(
@@ -368,6 +371,7 @@ class Rollout:
             previous_expires_at=st.previous_expires_at,
             history=list(st.history),
             probe=probe,
+            hold=hold,
         )
         previous = ctx.previous
         if previous is not None and (live_specs.get(previous) is None or previous == st.stable_revision):
@@ -390,6 +394,11 @@ class Rollout:
     @property
     def replicas(self) -> int:
         return self.md.spec.replicas
+
+    @property
+    def frozen(self) -> bool:
+        """Nothing is judged and no deadline runs: ``paused``, or the CPU fallback is in traffic."""
+        return self.rollout.paused or self.hold
 
     @property
     def stable(self) -> str:
@@ -598,9 +607,11 @@ def decide(
     now: datetime,
     measure: Measure | None = None,
     probe: Probe | None = None,
+    hold: bool = False,
 ) -> Decision:
-    """The rollout decision for one reconcile (pure, given a pure ``measure`` and ``probe``)."""
-    ctx = Rollout.observe(md, current, live_specs, counts, now, measure, probe)
+    """The rollout decision for one reconcile (pure, given a pure ``measure`` and ``probe``); ``hold``:
+    the CPU fallback is in traffic, nothing is judged."""
+    ctx = Rollout.observe(md, current, live_specs, counts, now, measure, probe, hold)
     return ctx.finish(_make_before_break(ctx, STATES[state_of(ctx)](ctx)))
 
 
@@ -711,6 +722,9 @@ def _baking(ctx: Rollout, analysis: AnalysisStatus | None) -> tuple[AnalysisStat
     promoted = latest_entry(ctx.history, stable)
     assert promoted is not None
     due = _due(ctx.rollout, promoted.time, analysis)
+    if ctx.hold:
+        ctx.at(end)
+        return analysis, None
     if ctx.now >= due and ctx.measure is not None:
         out = ctx.judge(stable, None, analysis, "bake", "bake", agreement_with=ctx.previous)
         analysis = out.state
@@ -889,7 +903,7 @@ def _shadowing(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision
         )
         sh = sh.model_copy(update={"agreement": agreement, "samples": samples})
         cs = replace(cs, shadow=sh)
-    if ro.paused:
+    if ctx.frozen:
         return cs, None
     if now < end:
         ctx.at(min(end, now + SHADOW_REFRESH))
@@ -956,7 +970,7 @@ def _shadow_waiting(
     waiting = sh.waiting_since or now
     cs = replace(cs, shadow=sh.model_copy(update={"waiting_since": waiting, "copying_pods": copying}))
     ctx.at(now + SHADOW_RECHECK)
-    if ro.paused:
+    if ctx.frozen:
         return cs, None
     deadline = waiting + _seconds(ro.progress_deadline)
     if now >= deadline:
@@ -990,7 +1004,7 @@ def _step(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | No
         return replace(cs, started=now, waiting=None), None
     cs = replace(cs, waiting=cs.waiting or now)
     assert cs.waiting is not None
-    if ro.paused:
+    if ctx.frozen:
         return cs, None
     deadline = cs.waiting + _seconds(ro.progress_deadline)
     if now >= deadline:
@@ -1008,7 +1022,7 @@ def _judging(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision |
     """A step whose interval is over is judged: pass -> next step (or promotion after the last),
     fail -> rollback, hold -> judged again one interval later. Not while paused."""
     ro, started = ctx.rollout, cs.started
-    if started is None or ro.paused or cs.shadow is not None:
+    if started is None or ctx.frozen or cs.shadow is not None:
         return cs, None
     due = _due(ro, started, cs.analysis)
     if ctx.now < due or ctx.measure is None:

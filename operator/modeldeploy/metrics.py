@@ -44,6 +44,11 @@ for _result in ("changed", "unchanged", "gone", "error", "invalid"):
 for _result in ("deployed", "promoted", "rolled_back", "failed_back", "aborted", "superseded"):
     ROLLOUTS.labels(result=_result)
 
+FALLBACK_ACTIVE = Gauge(
+    "modeldeploy_fallback_active",
+    "1 while the CPU fallback revision is in traffic instead of the GPU revision.",
+    ["namespace", "name"],
+)
 LEADER = Gauge("modeldeploy_peering_active", "1 when this replica is the active one (peering), else 0.")
 
 

@@ -27,10 +27,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import builders, canary, routing
-from .api import ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, RevisionStatus
+from . import builders, canary, fallback, routing
+from .api import FallbackStatus, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, RevisionStatus
 from .status import (
     DEGRADED,
+    FALLBACK_ACTIVE,
     PROGRESSING,
     READY,
     ConditionSpec,
@@ -175,7 +176,11 @@ def plan(
     counts = count_pods(facts)
     live_specs = _live_revision_specs(md, deployments)
 
-    decision = canary.decide(md, current, live_specs, counts, now, measure, probe)
+    old_fb = md.status.fallback
+    hold = old_fb is not None and old_fb.state != "Idle" and md.spec.fallback is not None
+    decision = canary.decide(md, current, live_specs, counts, now, measure, probe, hold=hold)
+    fb = fallback.adjust(md, decision, counts, now)
+    decision = fb.decision
     targets = decision.targets
     mirror = decision.mirror
     in_traffic = {t.revision: t.in_traffic_pods for t in targets}
@@ -193,7 +198,12 @@ def plan(
         weight = route_weight(decision, counts)
         desired.append(
             routing.build_httproute(
-                md, decision.stable, decision.canary, weight, header_canary=header_canary(decision, counts)
+                md,
+                decision.stable,
+                decision.canary,
+                weight,
+                decision.fallback_revision,
+                header_canary=header_canary(decision, counts),
             )
         )
     desired_names = {(o["kind"], o["metadata"]["name"]) for o in desired}
@@ -211,7 +221,7 @@ def plan(
         facts, mirror, mirror_url(md, services, mirror.target) if mirror else None
     )
 
-    status, events = compute_status(md, current, decision, counts, now)
+    status, events = compute_status(md, current, decision, counts, now, fallback_status=fb.status)
     requeue = None
     if decision.requeue_at is not None:
         requeue = max(canary.MIN_REQUEUE, (decision.requeue_at - now).total_seconds())
@@ -237,6 +247,7 @@ def compute_status(
     counts: Mapping[str, RevisionCounts],
     now: datetime,
     error: str | None = None,
+    fallback_status: FallbackStatus | None = None,
 ) -> tuple[ModelDeploymentStatus, list[EventSpec]]:
     """The status for this plan, and the events its changes are worth."""
     old = md.status
@@ -302,7 +313,18 @@ def compute_status(
         )
     else:
         degraded_c = ConditionSpec(DEGRADED, "False", "AsExpected", "")
-    conditions = merge_conditions(old.conditions, [ready_c, progressing_c, degraded_c], md.generation, now)
+    wanted = [ready_c, progressing_c, degraded_c]
+    if md.spec.fallback is not None:
+        fb_on = decision.fallback_revision is not None
+        wanted.append(
+            ConditionSpec(
+                FALLBACK_ACTIVE,
+                "True" if fb_on else "False",
+                "GPURevisionUnavailable" if fb_on else "GPURevisionServing",
+                (fallback_status.cause or "") if fb_on and fallback_status is not None else "",
+            )
+        )
+    conditions = merge_conditions(old.conditions, wanted, md.generation, now)
 
     status = old.model_copy(
         update={
@@ -319,6 +341,7 @@ def compute_status(
             "step_waiting_since": decision.step_waiting_since,
             "analysis": decision.analysis,
             "shadow": decision.shadow,
+            "fallback": fallback_status,
             "replicas": sum(t.replicas for t in decision.targets),
             "ready_replicas": in_traffic_total,
             "ready": ready_text,

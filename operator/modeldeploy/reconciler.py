@@ -236,6 +236,10 @@ class Reconciler:
             metrics.ROLLOUTS.labels(result=r).inc()
         weight = p.status.achieved_canary_weight if p.status.canary_revision else None
         metrics.CANARY_WEIGHT.labels(namespace=ns, name=name).set(weight or 0)
+        fb = p.status.fallback
+        metrics.FALLBACK_ACTIVE.labels(namespace=ns, name=name).set(
+            int(fb is not None and fb.state != "Idle")
+        )
         return result
 
     # -------------------------------------------------------------------------------- writes

@@ -38,16 +38,18 @@ def build_httproute(
     stable: str,
     canary: str | None,
     weight: int | None,
+    fallback: str | None = None,
     *,
     header_canary: str | None = None,
 ) -> dict[str, Any]:
-    """The route. With ``header_canary`` (the canary in traffic) and ``gatewayAPI.canaryHeader`` set,
-    requests carrying the header go to that revision."""
+    """The route; with ``fallback`` (the CPU fallback in traffic) every request goes to it. With
+    ``header_canary`` (the canary in traffic) and ``gatewayAPI.canaryHeader`` set, requests carrying the
+    header go to that revision."""
     gw = md.spec.rollout.traffic_routing.gateway_api
     assert gw is not None, "gatewayAPI mode without spec.rollout.trafficRouting.gatewayAPI"
     labels = {**b.common_labels(md), b.LABEL_COMPONENT: "route"}
     header_rules: list[dict[str, Any]] = []
-    if gw.canary_header is not None and header_canary is not None:
+    if gw.canary_header is not None and header_canary is not None and fallback is None:
         header_rules.append(
             {
                 "matches": [
@@ -83,7 +85,7 @@ def build_httproute(
                         "port": b.SERVER_PORT,
                         "weight": w,
                     }
-                    for rev, w in backend_weights(stable, canary, weight)
+                    for rev, w in ([(fallback, 100)] if fallback else backend_weights(stable, canary, weight))
                 ],
             },
         ],

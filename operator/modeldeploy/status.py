@@ -22,6 +22,7 @@ from .builders import ANNOTATION_SHADOW, LABEL_REVISION, READINESS_GATE
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
+FALLBACK_ACTIVE = "FallbackActive"
 
 
 def utcnow() -> datetime:
@@ -181,12 +182,22 @@ def normalize(raw: Mapping[str, Any] | None) -> dict[str, Any]:
         return dict(raw)
 
 
-def status_patch(old_raw: Mapping[str, Any] | None, new: ModelDeploymentStatus) -> dict[str, Any] | None:
-    """A JSON merge patch of ``status`` (top-level keys that changed; None deletes), or None if equal."""
-    old = normalize(old_raw)
-    want = new.to_api()
+def _merge_patch(old: Mapping[str, Any], want: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``want``: changed keys, None for keys that
+    go; nested objects are patched key by key (a merge patch merges them: a key left out would stay)."""
     patch: dict[str, Any] = {}
     for key in sorted(set(old) | set(want)):
-        if old.get(key) != want.get(key):
-            patch[key] = want.get(key)
-    return patch or None
+        a, b = old.get(key), want.get(key)
+        if a == b:
+            continue
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            patch[key] = _merge_patch(a, b)
+        else:
+            patch[key] = b
+    return patch
+
+
+def status_patch(old_raw: Mapping[str, Any] | None, new: ModelDeploymentStatus) -> dict[str, Any] | None:
+    """A JSON merge patch of ``status`` (keys that changed, at any depth; None deletes), or None if
+    equal."""
+    return _merge_patch(normalize(old_raw), new.to_api()) or None
