@@ -27,23 +27,27 @@ async def server(version: str, uri: str = "noop://", *args: str) -> tuple[ModelS
     return ModelServerApp(svc), svc
 
 
-class Recording(httpx.ASGITransport):
-    """The shadow's transport; remembers the headers of every copy it carried."""
+class Recording:
+    """Carries copies to the shadow app in-process (the mirror's ``post``); remembers every copy's
+    headers. The real client (aiohttp) is exercised against real processes in tests/integration/server."""
 
     def __init__(self, app: ModelServerApp) -> None:
-        super().__init__(app=app)
-        self.headers: list[httpx.Headers] = []
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://shadow")
+        self.headers: list[dict[str, str]] = []
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.headers.append(request.headers)
-        return await super().handle_async_request(request)
+    async def __call__(
+        self, url: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], bytes]:
+        self.headers.append(headers)
+        r = await self.client.post(httpx.URL(url).path, content=body, headers=headers)
+        return r.status_code, dict(r.headers), r.content
 
 
 async def pair(shadow_uri: str, rate: float = 1.0, timeout_ms: float = 5000, **mirror_kw):
     shadow_app, shadow_svc = await server("2", shadow_uri)
     transport = Recording(shadow_app)
     stable_app, stable_svc = await server("1")
-    mirror = ShadowMirror("m", stable_svc.metrics, transport=transport, **mirror_kw)
+    mirror = ShadowMirror("m", stable_svc.metrics, post=transport, **mirror_kw)
     stable_app.mirror = mirror
     cfg = MirrorConfig(
         url="http://shadow:8080", revision="rev2", sample_rate=rate, timeout_s=timeout_ms / 1000
@@ -167,7 +171,7 @@ async def test_requested_outputs_and_binary_answers_are_compared():
 async def test_the_target_file_is_followed_live(tmp_path: Path):
     shadow_app, shadow_svc = await server("2")
     _, stable_svc = await server("1")
-    mirror = ShadowMirror("m", stable_svc.metrics, transport=httpx.ASGITransport(app=shadow_app))
+    mirror = ShadowMirror("m", stable_svc.metrics, post=Recording(shadow_app))
     f = tmp_path / "shadow"
     watch = asyncio.get_running_loop().create_task(mirror.watch(f, period=0.02))
     await asyncio.sleep(0.05)
