@@ -164,9 +164,7 @@ async def copy_path_cpu(port: int, raws: list[bytes], answers: list[bytes], n: i
 
     async def post(i: int) -> object:
         headers = {"content-type": "application/json"}
-        return await mirror._client(cfg).post(
-            f"/v2/models/{MODEL_NAME}/infer", content=bodies[i], headers=headers
-        )
+        return await mirror._post(f"{cfg.url}/v2/models/{MODEL_NAME}/infer", bodies[i], headers)
 
     async def decode(i: int) -> object:
         return decode_response(answers[i], None)
@@ -559,7 +557,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"- the copy path alone (`ShadowMirror.send` in-process against the sink, one copy at a time,"
         f" {st['copy_path_copies']} copies, CPU of the sending process): **{mc['mirror_send']} us per copy**,"
-        f" of which the httpx POST {mc['of_which_http_client_post']} us, `decode_response`"
+        f" of which the HTTP client's POST (aiohttp) {mc['of_which_http_client_post']} us, `decode_response`"
         f" {mc['of_which_decode_response']} us, `compare_outputs` {mc['of_which_compare']} us. For reference,"
         f" the same round trip with the benchmark's raw-socket client costs"
         f" {mc['reference_raw_socket_round_trip']} us.",
