@@ -31,7 +31,7 @@ import httpx
 import yaml
 
 from .cluster import Cluster, binaries_dir, down, up
-from .kubeapi import KubeAPI, ready_endpoints
+from .kubeapi import KubeAPI, ready_endpoints, service_url
 from .state import REPO_ROOT, ClusterRecord, Layout, ProcessRecord
 
 BOLD, DIM, RESET = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
@@ -120,11 +120,11 @@ class Demo:
         conds = ((md or {}).get("status") or {}).get("conditions") or []
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
-    def endpoint(self, ns: str, service: str) -> tuple[str, int]:
-        eps = ready_endpoints(self.api, ns, service)
-        if not eps:
+    def service_url(self, ns: str, service: str) -> str:
+        """The Service's ClusterIP URL (kube-proxy answers there), once it has a ready endpoint."""
+        if not ready_endpoints(self.api, ns, service):
             raise KeyError("no ready endpoint")
-        return eps[0]
+        return service_url(self.api, ns, service)
 
     def pod_containers(self, ns: str, revision: str) -> dict[str, str | None]:
         """Pod name -> container ID (``process://PID``) of a revision's pods."""
@@ -138,8 +138,9 @@ class Demo:
 
 
 class Load:
-    """A bounded, steady load through the model Service's EndpointSlice (what a client in the cluster
-    would do), counting answers by model version."""
+    """A bounded, steady load to the model Service's ClusterIP (what a client in the cluster does;
+    kube-proxy picks a ready endpoint, a new connection for every request), counting answers by model
+    version."""
 
     TEXTS = (
         "Kubernetes schedules the pod.",
@@ -156,10 +157,8 @@ class Load:
         self.last_versions: collections.deque[str] = collections.deque(maxlen=40)
         self.last_seen: dict[str, float] = {}  # version -> monotonic time of its latest answer
         self._stop = threading.Event()
-        self._endpoints: list[tuple[str, int]] = []
-        self._threads = [threading.Thread(target=self._refresh, daemon=True)] + [
-            threading.Thread(target=self._send, daemon=True) for _ in range(3)
-        ]
+        self.url = service_url(demo.api, ns, service)
+        self._threads = [threading.Thread(target=self._send, daemon=True) for _ in range(3)]
 
     def start(self) -> None:
         for t in self._threads:
@@ -170,20 +169,11 @@ class Load:
         for t in self._threads:
             t.join(timeout=10)
 
-    def _refresh(self) -> None:
-        while not self._stop.is_set():
-            self._endpoints = ready_endpoints(self.demo.api, self.ns, self.service)
-            self._stop.wait(0.3)
-
     def _send(self) -> None:
-        with httpx.Client(timeout=10) as client:
+        with httpx.Client(timeout=10, headers={"Connection": "close"}) as client:
             deadline = time.monotonic() + 1800  # bounded: never more than 30 minutes
             while not self._stop.is_set() and time.monotonic() < deadline:
                 self._stop.wait(random.expovariate(self.rps / 3))
-                eps = self._endpoints
-                if not eps:
-                    continue
-                ip, port = random.choice(eps)
                 body = {
                     "inputs": [
                         {
@@ -195,7 +185,7 @@ class Load:
                     ]
                 }
                 try:
-                    r = client.post(f"http://{ip}:{port}/v2/models/{self.model}/infer", json=body)
+                    r = client.post(f"{self.url}/v2/models/{self.model}/infer", json=body)
                     version = r.json().get("model_version", "?") if r.status_code == 200 else "?"
                 except (httpx.HTTPError, ValueError):
                     self.errors["connection"] += 1
@@ -267,6 +257,7 @@ def run(state_dir: Path) -> int:
     cluster = up(state_dir)
     demo = Demo(cluster)
     demo.kubectl("get", "nodes", "-L", "nvidia.com/gpu.present")
+    print(f"Service ClusterIPs: {cluster.service_cidr} (kube-proxy); Gateway: {cluster.gateway_url}")
     load: Load | None = None
     try:
         demo.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
@@ -297,15 +288,15 @@ def run(state_dir: Path) -> int:
         demo.wait("v1 to be Ready", lambda: demo.md_ready(ns, name), timeout=300)
         demo.kubectl("get", "pods", "-l", f"modeldeploy.io/name={name}", "-o", "wide")
         service = (_md(demo, ns, name).get("status") or {}).get("serviceName") or name
-        ip, port = demo.wait("a ready endpoint", lambda: demo.endpoint(ns, service), timeout=60)
+        url = demo.wait("a ready endpoint", lambda: demo.service_url(ns, service), timeout=60)
         model = doc["spec"]["model"]["name"]
         body = {
             "inputs": [
                 {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Kubernetes runs models."]}
             ]
         }
-        print(f"{DIM}POST http://{ip}:{port}/v2/models/{model}/infer{RESET}")
-        r = httpx.post(f"http://{ip}:{port}/v2/models/{model}/infer", json=body, timeout=30)
+        print(f"{DIM}POST {url}/v2/models/{model}/infer{RESET}  (the Service's ClusterIP, via kube-proxy)")
+        r = httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
         r.raise_for_status()
         out = r.json()["outputs"][0]
         head = [round(x, 4) for x in out["data"][:6]]
@@ -313,7 +304,7 @@ def run(state_dir: Path) -> int:
         demo.kubectl("get", "md")
         load = Load(demo, ns, service, model)
         load.start()
-        print("load generator: ~12 requests/s through the model Service's EndpointSlice")
+        print(f"load generator: ~12 requests/s to the model Service, {load.url}")
         time.sleep(8)
 
         say("3. v2: a new revision is canaried (25% -> 50% -> 100%), each step judged by Prometheus")
