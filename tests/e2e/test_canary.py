@@ -209,7 +209,7 @@ def test_good_revision_is_promoted_through_every_step(
     REPORT[f"scenario1_{mode}"] = {
         "states_seen(step,requested,achieved)": steps,
         "promoted_after_s": round(took, 1),
-        "requests_by_revision": dict(load.by_revision()),
+        "requests_by_revision": {str(k): v for k, v in load.by_revision().items()},
         "requests_by_kind": dict(load.by_kind()),
         "split_seen_by_clients": split,
     }

@@ -131,7 +131,7 @@ def test_gpus_gone_the_cpu_fallback_answers_and_traffic_returns(
         "gap_failures_by_kind": {k: sum(1 for r in gap if r.kind == k) for k in {r.kind for r in gap}},
         "traffic_back_after_gpus_back_s": round(returned_at - back, 2),
         "requests_after_gpus_back": len(after_back),
-        "by_revision": dict(load.by_revision()),
+        "by_revision": {str(k): v for k, v in load.by_revision().items()},
     }
     print(REPORT["fallback"])
     # while the fallback serves, every request is answered, by it

@@ -153,14 +153,24 @@ def shadow_measurements(st: dict[str, Any], revision: str) -> dict[str, Any]:
     return {m["metric"]: m for m in ms}
 
 
+def failures(load: LoadGenerator, w: ShadowWatch) -> list[tuple[float, str, str | None]]:
+    """Every failed attempt: seconds after the shadow clock started (negative: before), kind, error."""
+    t0 = w.clock_started or load.started
+    return [(round(r.t - t0, 2), r.kind, r.error) for r in load.snapshot() if r.kind != "ok"]
+
+
 def user_view(load: LoadGenerator, new: str, until: float | None) -> dict[str, Any]:
     recs = load.snapshot()
     return {
         "requests_by_kind": dict(load.by_kind()),
-        "requests_by_revision": dict(load.by_revision()),
+        "requests_by_revision": {str(k): v for k, v in load.by_revision().items()},
         "answers_from_new_before_shadow_end": sum(
             1 for r in recs if r.revision == new and (until is None or r.t < until)
         ),
+        # (seconds since the load started, code, error) of the first failures, if any
+        "first_failures": [(round(r.t - load.started, 2), r.code, r.error) for r in recs if r.kind != "ok"][
+            :10
+        ],
     }
 
 
@@ -210,7 +220,10 @@ def test_minilm_shadow_stage(
     }
     print(REPORT[f"scenario{1 if model == 'same' else 2}_{mode}"])
     assert w.phases[:2] == ["Healthy", "Shadowing"] or "Shadowing" in w.phases, w.phases
-    assert set(load.by_kind()) == {"ok"}, load.by_kind()  # users never saw a failure
+    assert set(load.by_kind()) == {"ok"}, (
+        load.by_kind(),
+        failures(load, w)[:20],
+    )  # users never saw a failure
     # every answer carries the version of the pod that gave it
     versions = {r.revision: set() for r in load.snapshot()}
     for r in load.snapshot():
@@ -270,7 +283,7 @@ def test_a_failing_shadow_is_rolled_back_and_users_are_unaffected(
         assert counts["error"] > 0 and decided["measurement"]["metric"] == "shadow-error-rate"
     else:
         assert counts["timeout"] > 0
-    assert set(load.by_kind()) == {"ok"}, load.by_kind()  # 0 failed user requests
+    assert set(load.by_kind()) == {"ok"}, (load.by_kind(), failures(load, w)[:20])  # 0 failed user requests
     assert load.by_revision().get(v2, 0) == 0
     assert st["stableRevision"] == v1
 
@@ -324,5 +337,5 @@ def test_operator_killed_during_the_shadow_stage_resumes_with_one_decision(
     assert len(w.started_at) == 1  # the clock survived every restart
     assert reasons.count("ShadowPassed") == 1 and reasons.count("ShadowCopying") == 1
     assert [h["outcome"] for h in st["history"] if h["revision"] == v2] == ["Promoted"]
-    assert set(load.by_kind()) == {"ok"}
+    assert set(load.by_kind()) == {"ok"}, (load.by_kind(), failures(load, w)[:20])
     assert user_view(load, v2, w.ended)["answers_from_new_before_shadow_end"] == 0
