@@ -40,6 +40,8 @@ GROUP_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{na
 POISON = "POISON"
 #: the header every model server answers with: the revision of the pod that answered
 REVISION_HEADER = "x-modeldeploy-revision"
+#: by_revision's key for attempts no model server answered
+NO_REVISION = "(none)"
 #: the Gateway of the local cluster (``make cluster-up`` creates it): routes in gatewayAPI mode attach to it
 GATEWAY_PARENT = {"name": "public-gateway", "namespace": "gateway-system"}
 
@@ -95,6 +97,7 @@ class Record:
     revision: str | None  # x-modeldeploy-revision of the answer (None: no model server answered)
     code: int  # HTTP status; 0: connection error (refused, reset, timed out)
     version: str | None = None  # model_version in the answer's body (200 only)
+    error: str | None = None  # connection errors: the exception (ConnectError, ReadTimeout, ...)
 
     @property
     def kind(self) -> str:
@@ -180,8 +183,8 @@ class LoadGenerator:
         body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
         try:
             resp = client.post(f"{self.url}/v2/models/echo/infer", json=body)
-        except httpx.HTTPError:
-            return Record(time.monotonic(), None, 0)
+        except httpx.HTTPError as exc:
+            return Record(time.monotonic(), None, 0, error=f"{type(exc).__name__}: {exc}"[:200])
         version = resp.json().get("model_version") if resp.status_code == 200 else None
         return Record(time.monotonic(), resp.headers.get(REVISION_HEADER), resp.status_code, version)
 
@@ -210,6 +213,25 @@ class LoadGenerator:
                     time.sleep(0.05)  # refused at once: do not spin
                 if self.pause:
                     time.sleep(self.pause)
+
+    def wait_serving(self, timeout: float = 30.0) -> LoadGenerator:
+        """Before the load: wait (unrecorded) until a request through the routing is answered 200. A
+        revision's pods are Ready, and the ModelDeployment Healthy, a moment before kube-proxy or the
+        gateway routes to them (about a second here): a client starting at once would meet refusals
+        that say nothing about a rollout."""
+        self.resolve()
+        headers = dict(self.headers)
+        if self.host:
+            headers["Host"] = self.host
+        deadline = time.monotonic() + timeout
+        last: Record | None = None
+        with httpx.Client(timeout=5, headers=headers) as client:
+            while time.monotonic() < deadline:
+                last = self.send(client, "is anybody there")
+                if last.code == 200:
+                    return self
+                time.sleep(0.1)
+        raise LoadGeneratorError(f"{self.url}: not serving after {timeout:.0f}s (last: {last})")
 
     def start(self) -> LoadGenerator:
         self.resolve()
@@ -243,10 +265,10 @@ class LoadGenerator:
         with self._lock:
             return [r for r in self.records if r.t >= since]
 
-    def by_revision(self, since: float = 0.0) -> Counter[str | None]:
-        """Attempts (any status) by the revision that answered; None: no model server answered (a
-        refused connection, the gateway's own error)."""
-        return Counter(r.revision for r in self.snapshot(since))
+    def by_revision(self, since: float = 0.0) -> Counter[str]:
+        """Attempts (any status) by the revision that answered; :data:`NO_REVISION`: no model server
+        answered (a refused connection, the gateway's own error)."""
+        return Counter(r.revision or NO_REVISION for r in self.snapshot(since))
 
     def by_kind(self, since: float = 0.0) -> Counter[str]:
         """Attempts by outcome: ok, http_4xx, http_5xx, connection_error."""

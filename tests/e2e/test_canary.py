@@ -190,7 +190,7 @@ def test_good_revision_is_promoted_through_every_step(
     replicas = 2 if mode == "replicas" else 1
     deploy(kube, ns, "1", GOOD, replicas=replicas, trafficRouting=routing)
     v1 = healthy_on(kube, ns, "1")
-    load = LoadGenerator(kube, ns, NAME, mode=mode).start()
+    load = LoadGenerator(kube, ns, NAME, mode=mode).wait_serving().start()
     try:
         deploy(kube, ns, "2", GOOD + "&rev=2", replicas=replicas, trafficRouting=routing)
         v2 = new_revision(kube, ns, v1)
@@ -263,7 +263,7 @@ def test_bad_revision_is_rolled_back(
     ns = namespace
     deploy(kube, ns, "1", GOOD)
     v1 = healthy_on(kube, ns, "1")
-    load = LoadGenerator(kube, ns, NAME).start()
+    load = LoadGenerator(kube, ns, NAME).wait_serving().start()
     try:
         rollout_start = time.monotonic()
         deploy(kube, ns, "2", bad_uri)
@@ -327,7 +327,7 @@ def test_bad_during_bake_fails_back_to_the_warm_previous(kube: Kube, operator: A
     ns = namespace
     deploy(kube, ns, "1", GOOD)
     v1 = healthy_on(kube, ns, "1")
-    load = LoadGenerator(kube, ns, NAME).start()
+    load = LoadGenerator(kube, ns, NAME).wait_serving().start()
     try:
         # v2 is fine until a request carries the marker text: good during the canary, bad in the bake
         deploy(kube, ns, "2", GOOD + "&fail_text=POISON")
@@ -464,7 +464,7 @@ def test_no_traffic_holds_then_fails_and_an_unreachable_prometheus_never_promote
     unreachable = {"prometheusURL": "http://127.0.0.1:9", "noDataTimeout": "1h"}
     deploy(kube, ns, "3", GOOD + "&rev=3", analysis=unreachable)
     v3 = new_revision(kube, ns, st["revision"])
-    load = LoadGenerator(kube, ns, NAME).start()
+    load = LoadGenerator(kube, ns, NAME).wait_serving().start()
     try:
         st = w.until(
             lambda st: (
@@ -539,7 +539,7 @@ def test_operator_killed_mid_rollout_resumes(
     v1 = healthy_on(kube, ns, "1")
     os.kill(operator.pid, signal.SIGSTOP)
     procs: list[Any] = []
-    load = LoadGenerator(kube, ns, NAME)
+    load = LoadGenerator(kube, ns, NAME).wait_serving()
     kills = 0
     try:
         procs.append(start_operator(kube, tmp_path / "op.log"))

@@ -81,7 +81,7 @@ def test_gpus_gone_the_cpu_fallback_answers_and_traffic_returns(
         return st.get("stableRevision") if st.get("phase") == "Healthy" else None
 
     gpu_rev = wait_for(stable, timeout=90, interval=0.2, what="the GPU revision healthy")
-    with LoadGenerator(kube, ns, NAME, workers=3, pause=0.02, max_seconds=180) as load:
+    with LoadGenerator(kube, ns, NAME, workers=3, pause=0.02, max_seconds=180).wait_serving() as load:
         time.sleep(2)
         gone = time.monotonic()
         set_gpus(kube, "0")

@@ -186,7 +186,7 @@ def test_minilm_shadow_stage(
     uri = minilm_uri()
     kube.apply(minilm_md("1", uri, mode, ns), ns)
     v1 = stable_on(kube, ns, "1")
-    load = LoadGenerator(kube, ns, NAME, mode=mode, workers=3, pause=0.03, max_seconds=240)
+    load = LoadGenerator(kube, ns, NAME, mode=mode, workers=3, pause=0.03, max_seconds=240).wait_serving()
     w = ShadowWatch(kube, ns, v1)
     with load:
         started = time.monotonic()
@@ -265,7 +265,7 @@ def test_a_failing_shadow_is_rolled_back_and_users_are_unaffected(
     kube.apply(noop_md(NAME, "1", GOOD, shadow=spec), ns)
     v1 = stable_on(kube, ns, "1", timeout=90)
     w = ShadowWatch(kube, ns, v1)
-    with LoadGenerator(kube, ns, NAME, workers=3, pause=0.02, max_seconds=120) as load:
+    with LoadGenerator(kube, ns, NAME, workers=3, pause=0.02, max_seconds=120).wait_serving() as load:
         kube.apply(noop_md(NAME, "2", bad_uri, shadow=spec), ns)
         st = w.until("RolledBack", timeout=90)
         time.sleep(1.0)
@@ -306,7 +306,7 @@ def test_operator_killed_during_the_shadow_stage_resumes_with_one_decision(
     kills = 0
     try:
         procs.append(start_operator(kube, tmp_path / "op.log"))
-        with LoadGenerator(kube, ns, NAME, workers=3, pause=0.02, max_seconds=150) as load:
+        with LoadGenerator(kube, ns, NAME, workers=3, pause=0.02, max_seconds=150).wait_serving() as load:
             kube.apply(noop_md(NAME, "2", GOOD + "&rev=2", shadow=spec), ns)
             deadline = time.monotonic() + 120
             st: dict[str, Any] | None = None
