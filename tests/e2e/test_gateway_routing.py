@@ -87,7 +87,7 @@ def test_the_canary_header_reaches_the_canary_at_every_step_and_leaves_with_it(
     tagged = LoadGenerator(kube, ns, NAME, mode="gatewayAPI", workers=1, max_seconds=200, headers={
         HEADER["name"]: HEADER["value"]})  # fmt: skip
     rows = []
-    with plain, tagged:
+    with plain.wait_serving(), tagged.wait_serving():
         time.sleep(1.0)
         t0, t1 = window(plain, tagged, 2.0)
         rows.append(("before the canary", t0, t1, None))
@@ -171,7 +171,7 @@ def test_an_edited_or_deleted_httproute_is_repaired(kube: Kube, operator: Any, n
 
     want = [(f"{NAME}-{v1}", 100)]
     wait_for(lambda: weights() == want, what="the route")
-    with LoadGenerator(kube, ns, NAME, mode="gatewayAPI", workers=2, max_seconds=120) as load:
+    with LoadGenerator(kube, ns, NAME, mode="gatewayAPI", workers=2, max_seconds=120).wait_serving() as load:
         time.sleep(2)
         # edited behind the operator's back (another field manager): the weight set to 0
         patch = json.dumps([{"op": "replace", "path": "/spec/rules/0/backendRefs/0/weight", "value": 0}])

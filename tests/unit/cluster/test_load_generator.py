@@ -16,7 +16,13 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from tests.e2e.canary_support import LoadGenerator, LoadGeneratorError, Record, binomial_p_value
+from tests.e2e.canary_support import (
+    NO_REVISION,
+    LoadGenerator,
+    LoadGeneratorError,
+    Record,
+    binomial_p_value,
+)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -96,7 +102,7 @@ def test_the_revision_is_what_the_answer_says(server: str) -> None:
 
 def test_the_gateways_own_503_is_a_failure_answered_by_no_revision(server: str) -> None:
     load = run(_gen(server, 10, workers=1, headers={"x-test": "GATEWAY"}), 10)
-    assert load.by_kind() == {"http_5xx": 10} and load.by_revision() == {None: 10}
+    assert load.by_kind() == {"http_5xx": 10} and load.by_revision() == {NO_REVISION: 10}
     assert load.failed_share() == 1.0
 
 
@@ -105,7 +111,8 @@ def test_a_refused_connection_is_recorded_as_a_failure_not_skipped() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     load = run(_gen(f"http://127.0.0.1:{port}", 5, workers=1), 5)
-    assert load.by_kind() == {"connection_error": 5} and load.by_revision() == {None: 5}
+    assert load.by_kind() == {"connection_error": 5} and load.by_revision() == {NO_REVISION: 5}
+    assert all((r.error or "").startswith("ConnectError") for r in load.snapshot())
 
 
 def test_the_host_header_names_the_route(server: str) -> None:
@@ -155,3 +162,15 @@ def test_binomial_test_exact_values() -> None:
     assert binomial_p_value(0, 50, 0.0) == 1.0 and binomial_p_value(1, 50, 0.0) == 0.0
     assert binomial_p_value(50, 50, 1.0) == 1.0 and binomial_p_value(49, 50, 1.0) == 0.0
     assert binomial_p_value(0, 0, 0.3) == 1.0
+
+
+def test_wait_serving_waits_for_an_answer_and_records_nothing(server: str) -> None:
+    load = _gen(server, 5, workers=1).wait_serving(timeout=5)
+    assert load.snapshot() == []
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(LoadGeneratorError, match="not serving"):
+        _gen(f"http://127.0.0.1:{port}", 5).wait_serving(timeout=1)
+    assert time.monotonic() - started < 5
