@@ -130,7 +130,17 @@ class ShadowWatch:
             h = next((h for h in reversed(st.get("history", [])) if h["revision"] == self.new), None)
             return st if h is not None and h["outcome"] == outcome else None
 
-        return wait_for(check, timeout=timeout, interval=0.1, what=f"the new revision {outcome}")
+        try:
+            return wait_for(check, timeout=timeout, interval=0.1, what=f"the new revision {outcome}")
+        except AssertionError as e:
+            st = md_status(self.kube, self.ns, NAME)
+            conds = {c["type"]: (c["status"], c["reason"], c["message"]) for c in st.get("conditions", [])}
+            evs = [(x["reason"], x["message"][:160]) for x in events(self.kube, self.ns, NAME)][-12:]
+            raise AssertionError(
+                f"{e}; phases {self.phases}; shadow {st.get('shadow')}; revisions {st.get('revisions')}; "
+                f"conditions {conds}; history {st.get('history', [])[-2:]}; "
+                f"events {evs}"
+            ) from e
 
 
 def shadow_counts(kube: Kube, ns: str, revision: str, shadow: str) -> dict[str, float]:
