@@ -128,7 +128,7 @@ def test_gpus_gone_the_cpu_fallback_answers_and_traffic_returns(
         "first_fallback_answer_after_gpus_gone_s": round(first_fb - gone, 2),
         "failed_requests_in_gap": sum(1 for r in gap if r.kind != "ok"),
         "requests_in_gap": len(gap),
-        "gap_failures_by_kind": {k: sum(1 for r in gap if r.kind == k) for k in {r.kind for r in gap}},
+        "gap_by_kind": {k: sum(1 for r in gap if r.kind == k) for k in sorted({r.kind for r in gap})},
         "traffic_back_after_gpus_back_s": round(returned_at - back, 2),
         "requests_after_gpus_back": len(after_back),
         "by_revision": {str(k): v for k, v in load.by_revision().items()},
