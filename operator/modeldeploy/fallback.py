@@ -22,7 +22,7 @@ fallback's CPU and memory, and the fallback's model fields where set: a revision
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from . import builders
@@ -42,10 +42,8 @@ RECHECK = timedelta(seconds=1)
 
 @dataclass
 class Result:
-    decision: Decision
+    decision: Decision  # with the fallback's targets, events and requeue time
     status: FallbackStatus | None
-    events: list[Event] = field(default_factory=list)
-    requeue_at: datetime | None = None
 
     @property
     def active(self) -> bool:
@@ -90,13 +88,14 @@ def adjust(
     old = md.status.fallback
     if fb_spec is None or md.spec.fallback is None:
         if old is not None and old.state != "Idle":
-            return Result(
-                decision, None, [Event("Normal", "FallbackRemoved", "spec.fallback removed or disabled")]
-            )
+            gone = Event("Warning", "FallbackRemoved", "spec.fallback removed or disabled while in traffic")
+            return Result(replace(decision, events=[*decision.events, gone]), None)
         return Result(decision, None)
     fb = md.spec.fallback
     rev = builders.spec_revision(fb_spec)
-    st = old if old is not None and old.revision == rev else FallbackStatus(revision=rev)
+    # an edit of spec.fallback makes a new fallback revision: it inherits the state (an active fallback
+    # stays active, on its new revision)
+    st = old.model_copy(update={"revision": rev}) if old is not None else FallbackStatus(revision=rev)
     mine = counts.get(rev, RevisionCounts())
     others_in = sum(c.in_traffic for r, c in counts.items() if r != rev)
     stable = counts.get(decision.stable, RevisionCounts())
@@ -169,7 +168,7 @@ def adjust(
     wake_at = min(wake) if wake else None
     if wake_at is not None:
         d.requeue_at = wake_at if d.requeue_at is None else min(d.requeue_at, wake_at)
-    return Result(d, st, events, wake_at)
+    return Result(d, st)
 
 
 def _cause(revision: str, counts: RevisionCounts, waited: timedelta) -> str:

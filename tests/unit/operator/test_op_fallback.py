@@ -230,3 +230,35 @@ def test_gateway_mode_routes_everything_to_the_fallback_while_it_serves():
     w.run_for(40)
     refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
     assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{stable}", 100)]
+
+
+def test_editing_the_fallback_while_it_serves_keeps_it_active_on_its_new_revision():
+    w = GPUWorld(gpu_md(FALLBACK))
+    w.deploy_first()
+    w.gpu_up = False
+    w.run_for(61)
+    first = w.fallback_revision()
+    w.raw["spec"]["fallback"] = {**FALLBACK, "cpu": "3"}
+    w.raw["metadata"]["generation"] += 1
+    w.run_for(2)
+    second = w.fallback_revision()
+    assert second != first and w.status["fallback"]["state"] == "Active"
+    assert w.in_traffic(second) == 1 and w.fake.obj("Deployment", f"minilm-{first}") is None
+
+
+def test_removing_the_fallback_while_it_serves_says_so():
+    w = GPUWorld(gpu_md(FALLBACK))
+    stable = w.deploy_first()
+    w.gpu_up = False
+    w.run_for(61)
+    fb = w.fallback_revision()
+    del w.raw["spec"]["fallback"]
+    w.raw["metadata"]["generation"] += 1
+    w.run_for(2)
+    assert "fallback" not in w.status and "FallbackRemoved" in w.event_reasons()
+    # make before break: its pods are the only ones in traffic, so they keep serving until a GPU pod is
+    w.run_for(20)
+    assert w.in_traffic(fb) == 1 and w.in_traffic(stable) == 0
+    w.gpu_up = True
+    w.run_for(3)
+    assert w.in_traffic(stable) == 2 and w.fake.obj("Deployment", f"minilm-{fb}") is None
