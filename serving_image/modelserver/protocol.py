@@ -81,6 +81,17 @@ def _number(value: Any, name: str, what: str) -> float:
     return float(value)
 
 
+def _binary_tensor(raw: bytes, dt: str, shape: list[int], what: str, name: str) -> np.ndarray:
+    """The flat array of one tensor sent as binary data (Triton's binary tensor extension)."""
+    count = math.prod(shape)
+    if dt == "BYTES":
+        return _decode_bytes_binary(raw, count, name)
+    dtype = np.dtype(DTYPES[dt]).newbyteorder("<")
+    if len(raw) != count * dtype.itemsize:
+        raise InvalidInput(f"{what}: {len(raw)} bytes do not match shape {shape} of {dt}")
+    return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
+
+
 def decode_request(body: bytes, header_length: str | None, specs: dict[str, TensorSpec]) -> InferRequest:
     """Parse and validate an infer request against the model's input specs."""
     binary = b""
@@ -166,13 +177,7 @@ def decode_request(body: bytes, header_length: str | None, specs: dict[str, Tens
                 raise InvalidInput(f"input '{name}': binary data is shorter than binary_data_size")
             raw = binary[offset : offset + bsize]
             offset += bsize
-            if dt == "BYTES":
-                arr = _decode_bytes_binary(raw, count, name)
-            else:
-                dtype = np.dtype(DTYPES[dt]).newbyteorder("<")
-                if bsize != count * dtype.itemsize:
-                    raise InvalidInput(f"input '{name}': {bsize} bytes do not match shape {shape} of {dt}")
-                arr = np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
+            arr = _binary_tensor(raw, dt, shape, f"input '{name}'", name)
         else:
             if "data" not in inp:
                 raise InvalidInput(f"input '{name}' has no 'data'")
@@ -308,13 +313,7 @@ def decode_response(body: bytes, header_length: str | None) -> dict[str, np.ndar
                 raise InvalidInput(f"output '{name}': binary data is shorter than binary_data_size")
             raw = binary[offset : offset + size]
             offset += size
-            if dt == "BYTES":
-                arr = _decode_bytes_binary(raw, count, name)
-            else:
-                dtype = np.dtype(DTYPES[dt]).newbyteorder("<")
-                if size != count * dtype.itemsize:
-                    raise InvalidInput(f"output '{name}': {size} bytes do not match shape {shape}")
-                arr = np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="))
+            arr = _binary_tensor(raw, dt, shape, f"output '{name}'", name)
         else:
             flat = _flatten(o.get("data"))
             if len(flat) != count:

@@ -124,6 +124,17 @@ def apiserver_args(
 
 WRITE_VERBS = ["create", "update", "patch", "delete", "deletecollection"]
 READ_VERBS = ["get", "list", "watch"]
+#: the Gateway API kinds Traefik's Gateway provider reads (and whose status it updates)
+GATEWAY_API_RESOURCES = (
+    "gatewayclasses",
+    "gateways",
+    "httproutes",
+    "grpcroutes",
+    "tcproutes",
+    "tlsroutes",
+    "referencegrants",
+    "backendtlspolicies",
+)
 
 AUDIT_POLICY: dict[str, Any] = {
     "apiVersion": "audit.k8s.io/v1",
@@ -262,33 +273,12 @@ TRAEFIK_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
     {
         "apiGroups": ["gateway.networking.k8s.io"],
-        "resources": [
-            "gatewayclasses",
-            "gateways",
-            "httproutes",
-            "grpcroutes",
-            "tcproutes",
-            "tlsroutes",
-            "referencegrants",
-            "backendtlspolicies",
-        ],
+        "resources": list(GATEWAY_API_RESOURCES),
         "verbs": READ_VERBS,
     },
     {
         "apiGroups": ["gateway.networking.k8s.io"],
-        "resources": [
-            f"{r}/status"
-            for r in (
-                "gatewayclasses",
-                "gateways",
-                "httproutes",
-                "grpcroutes",
-                "tcproutes",
-                "tlsroutes",
-                "referencegrants",
-                "backendtlspolicies",
-            )
-        ],
+        "resources": [f"{r}/status" for r in GATEWAY_API_RESOURCES],
         "verbs": ["update"],
     },
 ]
