@@ -48,7 +48,11 @@ _DNS_PREFIX = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*
 LABEL_KEY_PATTERN = rf"^{_DNS_PREFIX}[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 CONDITION_TYPE_PATTERN = rf"^{_DNS_PREFIX}(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-URI_PATTERN = r"^(file|https?|noop)://.+$"
+URI_PATTERN = r"^(file|https?|noop|s3|pvc)://.+$"
+#: ``s3://bucket`` or ``s3://bucket/prefix-or-key`` (S3 bucket naming rules)
+S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
+#: ``pvc://claim`` or ``pvc://claim/path/in/the/volume`` (a claim name is a DNS-1123 subdomain)
+PVC_URI_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?(/.*)?$"
 
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -106,7 +110,9 @@ Quantity = Annotated[
 ]
 
 
-def _check_quantity(value: int | str) -> int | str:
+def _check_quantity(value: int | str | None) -> int | str | None:
+    if value is None:
+        return None
     if isinstance(value, bool):
         raise ValueError("a quantity is a number or a string such as 500m or 2Gi")
     if isinstance(value, int):
@@ -119,6 +125,73 @@ def _check_quantity(value: int | str) -> int | str:
 
 
 # ---------------------------------------------------------------------------------------------- spec
+
+
+class LocalObjectReference(_Model):
+    """A reference to an object in the ModelDeployment's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+class CABundleSpec(_Model):
+    """A CA bundle (PEM) from a ConfigMap key, for an object store with a private CA."""
+
+    config_map_ref: LocalObjectReference = Field(description="The ConfigMap holding the bundle.")
+    key: str = Field(default="ca.crt", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class NodeCacheSpec(_Model):
+    """A node-local cache of fetched models (a hostPath directory shared by the pods of a node)."""
+
+    enabled: bool = Field(default=True, description="Fetch through the node's cache.")
+    max_size: Quantity = Field(
+        default="100Gi", description="Size cap of the node's cache; least recently used models go first."
+    )
+
+    _q = field_validator("max_size")(_check_quantity)
+
+
+class StorageSpec(_Model):
+    """How the fetch init container reaches an ``s3://`` model. The operator never reads the Secret:
+    the pod references it."""
+
+    secret_ref: LocalObjectReference | None = Field(
+        default=None,
+        description="A Secret with the keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (unset: anonymous).",
+    )
+    endpoint: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://[^\s/]+(/.*)?$",
+        description="The S3-compatible endpoint URL (unset: AWS S3).",
+    )
+    region: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=r"^[a-z0-9-]+$", description="AWS_DEFAULT_REGION."
+    )
+    addressing_style: Literal["auto", "path", "virtual"] = Field(
+        default="auto", description="Bucket in the path (most S3-compatible stores) or in the host name."
+    )
+    verify_tls: bool = Field(default=True, description="Verify the endpoint's TLS certificate.")
+    ca_bundle: CABundleSpec | None = Field(default=None, description="Trust this CA for the endpoint.")
+    timeout: Duration = Field(
+        default="10m", description="The whole download's deadline; the pod reports DownloadTimeout after it."
+    )
+    max_size: Quantity | None = Field(
+        default=None, description="Refuse a model larger than this (TooLarge) before downloading it."
+    )
+    node_cache: NodeCacheSpec | None = Field(
+        default=None,
+        description="Fetch through a node-local cache (restarts and rollbacks do not download again).",
+    )
+
+    _q = field_validator("max_size")(_check_quantity)
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, value: str) -> str:
+        if parse_duration(value) < 1:
+            raise ValueError("spec.model.storage.timeout must be at least 1s")
+        return value
 
 
 class ModelSpec(_Model):
@@ -141,8 +214,9 @@ class ModelSpec(_Model):
         min_length=1,
         max_length=2048,
         pattern=URI_PATTERN,
-        description="Where the server loads the model from: file://, http(s):// or noop:// (the built-in "
-        "test model).",
+        description="Where the model comes from: s3://bucket/prefix (fetched by an init container, see "
+        "storage), pvc://claim/path (the claim mounted read-only), file:// (a path in the image), http(s):// "
+        "or noop:// (the built-in test model).",
     )
     format: Literal["auto", "hf", "torchscript", "export", "custom", "noop"] = Field(
         default="auto",
@@ -164,7 +238,11 @@ class ModelSpec(_Model):
         pattern=r"^[a-f0-9]{64}$",
         min_length=64,
         max_length=64,
-        description="Expected sha256 of the model file or directory digest; the server refuses a mismatch.",
+        description="Expected sha256 of the model file or directory digest; the server (or, for s3://, the "
+        "fetch) refuses a mismatch.",
+    )
+    storage: StorageSpec | None = Field(
+        default=None, description="Object-store settings for an s3:// uri (endpoint, credentials, cache)."
     )
 
     model_config = ConfigDict(
@@ -174,14 +252,37 @@ class ModelSpec(_Model):
                 "spec.model.handler is required when spec.model.format is custom",
                 ".handler",
                 "FieldValueRequired",
-            )
+            ),
+            _cel(
+                f"!self.uri.startsWith('s3://') || self.uri.matches('{S3_URI_PATTERN}')",
+                "spec.model.uri: an s3 uri is s3://<bucket>[/<prefix or key>] with a valid bucket name",
+                ".uri",
+            ),
+            _cel(
+                f"!self.uri.startsWith('pvc://') || self.uri.matches('{PVC_URI_PATTERN}')",
+                "spec.model.uri: a pvc uri is pvc://<claim name>[/<path in the volume>]",
+                ".uri",
+            ),
+            _cel(
+                "!has(self.storage) || self.uri.startsWith('s3://')",
+                "spec.model.storage applies to s3:// uris only",
+                ".storage",
+            ),
         )
     )
 
     @model_validator(mode="after")
-    def _custom_needs_handler(self) -> ModelSpec:
+    def _rules(self) -> ModelSpec:
         if self.format == "custom" and not self.handler:
             raise ValueError("spec.model.handler is required when spec.model.format is custom")
+        if self.uri.startswith("s3://") and not re.fullmatch(S3_URI_PATTERN, self.uri):
+            raise ValueError(
+                "spec.model.uri: an s3 uri is s3://<bucket>[/<prefix or key>] with a valid bucket name"
+            )
+        if self.uri.startswith("pvc://") and not re.fullmatch(PVC_URI_PATTERN, self.uri):
+            raise ValueError("spec.model.uri: a pvc uri is pvc://<claim name>[/<path in the volume>]")
+        if self.storage is not None and not self.uri.startswith("s3://"):
+            raise ValueError("spec.model.storage applies to s3:// uris only")
         return self
 
 

@@ -26,12 +26,13 @@ revision Service publishes its not-ready (warm, out-of-traffic) pods while they 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
 from typing import Any
 
-from . import api
+from . import api, model_storage
 from .api import ModelDeployment, ModelDeploymentSpec, default_image
 
 LABEL_NAME = "modeldeploy.io/name"
@@ -170,8 +171,9 @@ def server_env(md_name: str, spec: ModelDeploymentSpec, revision: str = "") -> l
     """Environment of the server container: model and batching settings (``MODELSERVER_*``), and the
     ModelDeployment's name and the pod's revision (``MODELDEPLOY_*``)."""
     m, b = spec.model, spec.batching
+    source = model_storage.model_source(spec, spec.image or default_image())
     env = {
-        "MODELSERVER_MODEL_URI": m.uri,
+        "MODELSERVER_MODEL_URI": source.server_uri,
         "MODELSERVER_MODEL_NAME": m.name,
         "MODELSERVER_MODEL_VERSION": m.version,
         "MODELSERVER_MODEL_FORMAT": m.format,
@@ -188,7 +190,7 @@ def server_env(md_name: str, spec: ModelDeploymentSpec, revision: str = "") -> l
         "MODELSERVER_DEVICE": "auto" if spec.resources.gpu > 0 else "cpu",
         "MODELSERVER_SHADOW_FILE": SHADOW_FILE,
     }
-    if m.sha256:
+    if m.sha256 and source.server_checks_sha256:
         env["MODELSERVER_MODEL_SHA256"] = m.sha256
     if m.handler:
         env["MODELSERVER_HANDLER"] = m.handler
@@ -225,11 +227,22 @@ def _probe(path: str, period: int, failure_threshold: int, timeout: int = 2) -> 
     }
 
 
+CONTAINER_SECURITY: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
 def pod_template(md: ModelDeployment, spec: ModelDeploymentSpec, revision: str) -> dict[str, Any]:
     labels = {**common_labels(md), LABEL_REVISION: revision, LABEL_COMPONENT: "server"}
+    image = spec.image or default_image()
+    source = model_storage.model_source(spec, image, CONTAINER_SECURITY, resources(spec))
     container = {
         "name": CONTAINER_NAME,
-        "image": spec.image or default_image(),
+        "image": image,
         "imagePullPolicy": "IfNotPresent",
         "command": list(SERVER_COMMAND),
         "ports": [{"name": PORT_NAME, "containerPort": SERVER_PORT, "protocol": "TCP"}],
@@ -240,16 +253,11 @@ def pod_template(md: ModelDeployment, spec: ModelDeploymentSpec, revision: str) 
         "readinessProbe": _probe(READY_PATH, period=2, failure_threshold=2),
         "livenessProbe": _probe(LIVE_PATH, period=10, failure_threshold=3, timeout=5),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
+            *source.server_mounts,
         ],
     }
     pod_spec: dict[str, Any] = {
@@ -281,8 +289,11 @@ def pod_template(md: ModelDeployment, spec: ModelDeploymentSpec, revision: str) 
                     ]
                 },
             },
+            *source.volumes,
         ],
     }
+    if source.init_containers:
+        pod_spec["initContainers"] = source.init_containers
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(spec.node_selector.items()))
     if spec.tolerations:

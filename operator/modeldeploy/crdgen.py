@@ -69,6 +69,8 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         types = sorted(o.get("type", "") for o in non_null)
         if len(non_null) == 1:
             node = {**non_null[0], **rest}
+            if "anyOf" in node:  # Optional[int | str], e.g. an optional Quantity
+                return _convert(node, defs)
         elif types == ["integer", "string"]:
             # the form controller-gen emits for resource.Quantity / IntOrString
             node = {**rest, "x-kubernetes-int-or-string": True}

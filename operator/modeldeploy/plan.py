@@ -27,11 +27,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import builders, canary, fallback, routing
+from . import builders, canary, fallback, model_storage, routing
 from .api import FallbackStatus, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, RevisionStatus
 from .status import (
     DEGRADED,
     FALLBACK_ACTIVE,
+    MODEL_AVAILABLE,
     PROGRESSING,
     READY,
     ConditionSpec,
@@ -296,6 +297,7 @@ def compute_status(
         decision.progressing_message,
     )
     unschedulable = [r for r in revisions if r.unschedulable_replicas]
+    model_c = model_available(md, current, counts)
     if error is not None:
         degraded_c = ConditionSpec(DEGRADED, "True", "ReconcileError", error)
     elif decision.degraded_reason is not None:
@@ -311,9 +313,13 @@ def compute_status(
                 for r in unschedulable
             ),
         )
+    elif model_c is not None and model_c.status == "False":
+        degraded_c = ConditionSpec(DEGRADED, "True", "ModelUnavailable", model_c.message)
     else:
         degraded_c = ConditionSpec(DEGRADED, "False", "AsExpected", "")
     wanted = [ready_c, progressing_c, degraded_c]
+    if model_c is not None:
+        wanted.append(model_c)
     if md.spec.fallback is not None:
         fb_on = decision.fallback_revision is not None
         wanted.append(
@@ -363,7 +369,7 @@ def compute_status(
         if cond.type == DEGRADED and cond.status == "False" and condition_absent(old, DEGRADED):
             continue  # nothing to tell on the first reconcile
         bad = (cond.type == DEGRADED and cond.status == "True") or (
-            cond.type == READY and cond.status == "False"
+            cond.type in (READY, MODEL_AVAILABLE) and cond.status == "False"
         )
         if cond.type == READY and cond.status == "False" and condition_absent(old, READY):
             continue
@@ -388,6 +394,39 @@ def compute_status(
                 )
             )
     return status, events
+
+
+def model_available(
+    md: ModelDeployment, current: str, counts: Mapping[str, RevisionCounts]
+) -> ConditionSpec | None:
+    """``ModelAvailable`` for a model fetched from storage (s3://, pvc://): True once a pod of the current
+    revision loaded it, False with the fetch's reason (AccessDenied, NotFound, ChecksumMismatch,
+    DownloadTimeout, ...) while its pods cannot get it, Unknown while they try. Other schemes: none (or,
+    when one was set before, True -- the server loads the model itself)."""
+    if model_storage.scheme(md.spec.model.uri) not in ("s3", "pvc"):
+        if condition_absent(md.status, MODEL_AVAILABLE):
+            return None
+        return ConditionSpec(MODEL_AVAILABLE, "True", "NoFetch", "the server loads the model itself")
+    pods = counts.get(current, RevisionCounts())
+    if pods.ready:
+        return ConditionSpec(
+            MODEL_AVAILABLE,
+            "True",
+            "ModelLoaded",
+            f"revision {current}: {pods.ready} pod(s) loaded the model",
+        )
+    if pods.fetch_failure is not None:
+        f = pods.fetch_failure
+        return ConditionSpec(
+            MODEL_AVAILABLE,
+            "False",
+            f.reason,
+            f"revision {current}: {pods.fetch_failed} pod(s) could not fetch {md.spec.model.uri}: "
+            f"{f.message}",
+        )
+    return ConditionSpec(
+        MODEL_AVAILABLE, "Unknown", "ModelLoading", f"revision {current}: fetching or loading"
+    )
 
 
 def condition_absent(status: ModelDeploymentStatus, type_: str) -> bool:

@@ -18,11 +18,13 @@ from pydantic import ValidationError
 
 from .api import Condition, ModelDeploymentStatus
 from .builders import ANNOTATION_SHADOW, LABEL_REVISION, READINESS_GATE
+from .model_storage import FetchFailure, fetch_failure
 
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 FALLBACK_ACTIVE = "FallbackActive"
+MODEL_AVAILABLE = "ModelAvailable"
 
 
 def utcnow() -> datetime:
@@ -46,6 +48,7 @@ class PodFacts:
     ready: bool
     gate: str | None  # status of the modeldeploy.io/in-traffic condition, None when absent
     shadow: str | None = None  # the modeldeploy.io/shadow annotation (where it copies requests)
+    fetch_failure: FetchFailure | None = None  # the model fetch init container's last failure
 
 
 def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -70,6 +73,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
         ready=conds.get("Ready", {}).get("status") == "True",
         gate=conds.get(READINESS_GATE, {}).get("status"),
         shadow=(meta.get("annotations") or {}).get(ANNOTATION_SHADOW),
+        fetch_failure=fetch_failure(pod),
     )
 
 
@@ -80,6 +84,8 @@ class RevisionCounts:
     in_traffic: int = 0  # pod Ready: containers ready and the in-traffic gate True
     unschedulable: int = 0
     scheduling_message: str | None = None
+    fetch_failed: int = 0  # pods whose model fetch failed (and not fetched since)
+    fetch_failure: FetchFailure | None = None  # one of their failures (the first by reason, message)
 
 
 def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
@@ -88,7 +94,8 @@ def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
         if p.revision is None or p.terminating or p.phase in ("Succeeded", "Failed"):
             continue
         a = acc.setdefault(
-            p.revision, {"current": 0, "ready": 0, "in_traffic": 0, "unschedulable": 0, "messages": []}
+            p.revision,
+            {"current": 0, "ready": 0, "in_traffic": 0, "unschedulable": 0, "messages": [], "fetch": []},
         )
         a["current"] += 1
         a["ready"] += int(p.containers_ready)
@@ -97,6 +104,8 @@ def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
             a["unschedulable"] += 1
             if p.scheduling_message:
                 a["messages"].append(p.scheduling_message)
+        if p.fetch_failure is not None:
+            a["fetch"].append(p.fetch_failure)
     return {
         rev: RevisionCounts(
             current=a["current"],
@@ -105,6 +114,8 @@ def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
             unschedulable=a["unschedulable"],
             # the same message for every pending pod is the common case; keep the first, sorted for stability
             scheduling_message=sorted(a["messages"])[0] if a["messages"] else None,
+            fetch_failed=len(a["fetch"]),
+            fetch_failure=min(a["fetch"], key=lambda f: (f.reason, f.message)) if a["fetch"] else None,
         )
         for rev, a in acc.items()
     }

@@ -107,6 +107,7 @@ _REPAIRS: dict[str, Any] = {
     "spec.model.uri": "file:///models/minilm",
     "spec.model.handler": "handler.py:Model",
     "spec.rollout.trafficRouting.gatewayAPI": {"parentRefs": [{"name": "gw"}]},
+    "spec.model.storage.secretRef.name": "s3-credentials",
 }
 
 
