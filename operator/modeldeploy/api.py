@@ -685,6 +685,58 @@ class FallbackSpec(_Model):
     _q = field_validator("cpu", "memory")(_check_quantity)
 
 
+class AutoscalingSpec(_Model):
+    """Scale ``spec.replicas`` on a serving signal: the operator owns a KEDA ScaledObject (Prometheus
+    trigger) whose HPA writes ``spec.replicas`` through the scale subresource; during a canary the operator
+    splits those replicas between the revisions by the step's weight."""
+
+    min_replicas: int = Field(default=1, ge=1, le=1000, description="Never fewer serving pods.")
+    max_replicas: int = Field(ge=1, le=1000, description="Never more serving pods.")
+    metric: Literal["queueWaitP90", "queueDepth", "requestRate"] = Field(
+        default="queueWaitP90",
+        description="queueWaitP90: the 90th percentile of the batching queue wait (seconds, all pods); "
+        "queueDepth: items waiting per pod; requestRate: requests per second per pod.",
+    )
+    target: float = Field(
+        gt=0, description="The value per pod (queueDepth, requestRate) or overall (queueWaitP90) to hold."
+    )
+    window: Duration = Field(default="1m", description="The rate window of queueWaitP90 and requestRate.")
+    polling_interval: Duration = Field(default="15s", description="How often KEDA reads the metric.")
+    scale_down_stabilization: Duration = Field(
+        default="5m", description="The highest recommendation of this long wins a scale-down (HPA behavior)."
+    )
+    prometheus_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://.+$",
+        description="Prometheus as KEDA reaches it (unset: spec.rollout.analysis.prometheusUrl, else the "
+        "operator's).",
+    )
+
+    model_config = ConfigDict(
+        json_schema_extra=_validations(
+            _cel(
+                "self.minReplicas <= self.maxReplicas",
+                "spec.autoscaling.minReplicas must not exceed maxReplicas",
+                ".minReplicas",
+            )
+        )
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("spec.autoscaling.minReplicas must not exceed maxReplicas")
+        return self
+
+    @field_validator("polling_interval", "window")
+    @classmethod
+    def _at_least_1s(cls, value: str) -> str:
+        if parse_duration(value) < 1:
+            raise ValueError("must be at least 1s")
+        return value
+
+
 class ModelDeploymentSpec(_Model):
     """Desired state of a ModelDeployment."""
 
@@ -709,6 +761,11 @@ class ModelDeploymentSpec(_Model):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra=_default_of(RolloutSpec))
     fallback: FallbackSpec | None = Field(
         default=None, description="A CPU fallback for when the GPU pods cannot serve (unset: none)."
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None,
+        description="Scale spec.replicas on a serving signal through KEDA (unset: spec.replicas rules, or "
+        "your own HPA on the scale subresource).",
     )
 
 
@@ -866,6 +923,21 @@ class ModelDeploymentStatus(_StatusModel):
         description="When the current step began waiting for its pods (progressDeadline counts from here).",
     )
     replicas: int | None = Field(default=None, ge=0, description="Pods of all revisions.")
+    serving_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        description="The serving replicas the operator acted on (spec.replicas, split between revisions "
+        "during a canary): the scale subresource's status replicas, which an HPA compares with its "
+        "recommendation.",
+    )
+    selector: str | None = Field(
+        default=None, max_length=1024, description="Label selector of the pods (the scale subresource's)."
+    )
+    autoscaler: str | None = Field(
+        default=None,
+        max_length=253,
+        description="The KEDA ScaledObject the operator owns for spec.autoscaling.",
+    )
     ready_replicas: int | None = Field(default=None, ge=0, description="In-traffic ready pods.")
     ready: str | None = Field(default=None, max_length=32, description="ready/desired, for printing.")
     revisions: list[RevisionStatus] = Field(

@@ -92,10 +92,22 @@ CLUSTER_PEERING = ResourceType(
 )
 PEERING = ResourceType("kopf.dev", "v1", "kopfpeerings", "KopfPeering")
 HTTPROUTE = ResourceType("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute")
+SCALEDOBJECT = ResourceType("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")
 
 BY_KIND: dict[str, ResourceType] = {
     rt.kind: rt
-    for rt in (MODELDEPLOYMENT, DEPLOYMENT, SERVICE, PDB, POD, EVENT, CLUSTER_PEERING, PEERING, HTTPROUTE)
+    for rt in (
+        MODELDEPLOYMENT,
+        DEPLOYMENT,
+        SERVICE,
+        PDB,
+        POD,
+        EVENT,
+        CLUSTER_PEERING,
+        PEERING,
+        HTTPROUTE,
+        SCALEDOBJECT,
+    )
 }
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import builders, canary, fallback, model_storage, routing
+from . import autoscaling, builders, canary, fallback, model_storage, routing
 from .api import FallbackStatus, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, RevisionStatus
 from .status import (
     DEGRADED,
@@ -55,6 +55,7 @@ class Observed:
     pdbs: list[dict[str, Any]] = field(default_factory=list)
     pods: list[dict[str, Any]] = field(default_factory=list)
     routes: list[dict[str, Any]] = field(default_factory=list)
+    scaled_objects: list[dict[str, Any]] = field(default_factory=list)
 
 
 RevisionTarget = canary.Target
@@ -165,14 +166,17 @@ def plan(
     now: datetime,
     measure: canary.Measure | None = None,
     probe: canary.Probe | None = None,
+    prometheus_url: str | None = None,
 ) -> Plan:
-    """Everything to do for one ModelDeployment (pure, given a pure ``measure`` and ``probe``)."""
+    """Everything to do for one ModelDeployment (pure, given a pure ``measure`` and ``probe``).
+    ``prometheus_url``: the operator's, where ``spec.autoscaling`` names none."""
     current = builders.spec_revision(md.spec)
     uid = md.uid
     deployments = [d for d in observed.deployments if owned_by(d, uid)]
     services = [s for s in observed.services if owned_by(s, uid)]
     pdbs = [p for p in observed.pdbs if owned_by(p, uid)]
     routes = [r for r in observed.routes if owned_by(r, uid)]
+    scaled_objects = [o for o in observed.scaled_objects if owned_by(o, uid)]
     facts = [pod_facts(p) for p in observed.pods]
     counts = count_pods(facts)
     live_specs = _live_revision_specs(md, deployments)
@@ -207,12 +211,20 @@ def plan(
                 header_canary=header_canary(decision, counts),
             )
         )
+    autoscaler_error = None
+    if md.spec.autoscaling is not None:
+        a = md.spec.autoscaling
+        url = a.prometheus_url or md.spec.rollout.analysis.prometheus_url or prometheus_url
+        if url:
+            desired.append(autoscaling.build_scaled_object(md, a, url))
+        else:
+            autoscaler_error = "spec.autoscaling: no Prometheus URL (set spec.autoscaling.prometheusUrl)"
     desired_names = {(o["kind"], o["metadata"]["name"]) for o in desired}
 
     # -- owned children that no longer belong
     deletions = [
         Deletion(o["kind"], o["metadata"]["name"], o["metadata"].get("uid", ""))
-        for o in (*deployments, *services, *pdbs, *routes)
+        for o in (*deployments, *services, *pdbs, *routes, *scaled_objects)
         if (o.get("kind"), o["metadata"]["name"]) not in desired_names
     ]
 
@@ -222,7 +234,9 @@ def plan(
         facts, mirror, mirror_url(md, services, mirror.target) if mirror else None
     )
 
-    status, events = compute_status(md, current, decision, counts, now, fallback_status=fb.status)
+    status, events = compute_status(
+        md, current, decision, counts, now, error=autoscaler_error, fallback_status=fb.status
+    )
     requeue = None
     if decision.requeue_at is not None:
         requeue = max(canary.MIN_REQUEUE, (decision.requeue_at - now).total_seconds())
@@ -349,6 +363,9 @@ def compute_status(
             "shadow": decision.shadow,
             "fallback": fallback_status,
             "replicas": sum(t.replicas for t in decision.targets),
+            "serving_replicas": want,
+            "autoscaler": md.name if md.spec.autoscaling is not None else None,
+            "selector": f"{builders.LABEL_NAME}={md.name}",
             "ready_replicas": in_traffic_total,
             "ready": ready_text,
             "revisions": revisions,

@@ -99,7 +99,7 @@ class Reconciler:
         self._reported_status: dict[tuple[str, str], str] = {}
 
     # -------------------------------------------------------------------------------- observe
-    def observe(self, namespace: str, name: str, routes: bool = False) -> Observed:
+    def observe(self, namespace: str, name: str, routes: bool = False, autoscaler: bool = False) -> Observed:
         selector = f"{b.LABEL_NAME}={name}"
         return Observed(
             deployments=self.kube.list(k.DEPLOYMENT, namespace, selector),
@@ -107,7 +107,16 @@ class Reconciler:
             pdbs=self.kube.list(k.PDB, namespace, selector),
             pods=self.kube.list(k.POD, namespace, selector),
             routes=self.kube.list(k.HTTPROUTE, namespace, selector) if routes else [],
+            scaled_objects=self._scaled_objects(namespace, selector) if autoscaler else [],
         )
+
+    def _scaled_objects(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        try:
+            return self.kube.list(k.SCALEDOBJECT, namespace, selector)
+        except k.KubeError as e:
+            if e.status == 404:  # KEDA is not installed: applying the ScaledObject will say so
+                return []
+            raise
 
     # -------------------------------------------------------------------------------- analysis
     def _analyzer(self, md: ModelDeployment) -> Analyzer:
@@ -175,13 +184,26 @@ class Reconciler:
 
     def _reconcile(self, raw: dict[str, Any], md: ModelDeployment) -> Result:
         ns, name = md.namespace, md.name
-        observed = self.observe(ns, name, routes=md.spec.rollout.traffic_routing.mode == "gatewayAPI")
+        observed = self.observe(
+            ns,
+            name,
+            routes=md.spec.rollout.traffic_routing.mode == "gatewayAPI",
+            autoscaler=md.spec.autoscaling is not None or md.status.autoscaler is not None,
+        )
         now = self.clock()
-        p = plan(md, observed, now, self.measure_for(md), self.probe_for(md))
+        p = plan(
+            md, observed, now, self.measure_for(md), self.probe_for(md), prometheus_url=self.prometheus_url
+        )
         result = Result(plan=p, requeue_after=p.requeue_after)
         live = {
             (o["kind"], o["metadata"]["name"]): o
-            for o in (*observed.deployments, *observed.services, *observed.pdbs, *observed.routes)
+            for o in (
+                *observed.deployments,
+                *observed.services,
+                *observed.pdbs,
+                *observed.routes,
+                *observed.scaled_objects,
+            )
         }
 
         # traffic first: pods leave (or enter) traffic before anything is scaled or deleted
@@ -196,7 +218,15 @@ class Reconciler:
             if not needs_apply(obj, current, ignore):
                 continue
             drift = [] if current is None else mismatches(obj, current)
-            answer = self.kube.apply(obj, b.FIELD_MANAGER)
+            try:
+                answer = self.kube.apply(obj, b.FIELD_MANAGER)
+            except k.KubeError as e:
+                if e.status == 404 and obj["kind"] == "ScaledObject":
+                    raise AutoscalerUnavailable(
+                        "spec.autoscaling needs KEDA: this cluster does not serve "
+                        "keda.sh/v1alpha1 ScaledObjects"
+                    ) from e
+                raise
             result.writes += 1
             rewritten = frozenset(mismatches(obj, answer))
             if rewritten:
@@ -394,6 +424,10 @@ class Reconciler:
                 self.write_status(raw, patch)
         except Exception as e:
             log.debug("could not record the failure in status: %s", e)
+
+
+class AutoscalerUnavailable(RuntimeError):
+    """spec.autoscaling is set and the cluster has no KEDA."""
 
 
 def _fields(errors: Sequence[Any], limit: int = 5) -> str:

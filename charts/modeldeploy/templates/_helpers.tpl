@@ -108,6 +108,13 @@ controller.py, kube.py) and from kopf's watches; nothing else is called. No Secr
   resources: [httproutes]
   verbs: [list, watch, create, patch, delete]
 {{- end }}
+{{- if .Values.rbac.keda }}
+# spec.autoscaling: the reconciler lists, server-side applies and deletes the ModelDeployment's KEDA
+# ScaledObject (KEDA's own HPA then writes spec.replicas through the scale subresource).
+- apiGroups: [keda.sh]
+  resources: [scaledobjects]
+  verbs: [list, create, patch, delete]
+{{- end }}
 {{- end -}}
 
 {{/* kopf's peering object: kopf watches it and patches its status (keep-alives); the operator's peering

@@ -270,6 +270,13 @@ def test_gateway_api_rights_only_when_enabled() -> None:
     assert rules[key] == {"list", "watch", "create", "patch", "delete"}
 
 
+def test_keda_rights_only_when_enabled() -> None:
+    key = ("keda.sh", "scaledobjects")
+    assert key not in rule_table(one(render(), "ClusterRole")["rules"])
+    rules = rule_table(one(render("--set", "rbac.keda=true"), "ClusterRole")["rules"])
+    assert rules[key] == {"list", "create", "patch", "delete"}
+
+
 def test_httproutes_are_watched_only_with_the_rights_to() -> None:
     def env(*args: str) -> dict[str, str]:
         (dep,) = [d for d in render(*args) if d["kind"] == "Deployment"]

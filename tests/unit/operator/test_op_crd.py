@@ -48,7 +48,15 @@ def test_names_and_surface():
     )
     (version,) = crd["spec"]["versions"]
     assert version["name"] == "v1alpha1" and version["storage"] and version["served"]
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        # what an HPA or a KEDA ScaledObject targets
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.servingReplicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     cols = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert cols == ["Model", "Stable", "Canary", "Weight", "Phase", "Ready", "Age"]
 

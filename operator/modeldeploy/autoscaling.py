@@ -1,0 +1,95 @@
+"""``spec.autoscaling`` as a KEDA ScaledObject (pure).
+
+KEDA turns the ScaledObject into an HPA that targets the ModelDeployment's ``scale`` subresource: the HPA
+writes ``spec.replicas``, the operator splits those replicas between revisions by the canary step's
+weight (:func:`modeldeploy.canary.replica_split`), so the autoscaler and a rollout never fight over a
+Deployment's replicas -- the operator owns every Deployment, the HPA owns one number.
+
+The serving signals come from the server's metrics contract, summed over every pod of the
+ModelDeployment (warm pods wait for nothing, so they do not dilute the signal):
+
+* ``queueWaitP90``: the 90th percentile of the batching queue wait over ``window`` -- a ``Value`` target
+  (the HPA scales by ``current x p90 / target``);
+* ``queueDepth``: items waiting, per pod -- an ``AverageValue`` target (``ceil(total / target)`` pods);
+* ``requestRate``: requests per second over ``window``, per pod -- an ``AverageValue`` target.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from . import builders
+from .api import AutoscalingSpec, ModelDeployment, parse_duration
+
+API_VERSION = "keda.sh/v1alpha1"
+KIND = "ScaledObject"
+
+
+def _selector(md: ModelDeployment) -> str:
+    return f'namespace="{md.namespace}",modeldeploy_io_name="{md.name}"'
+
+
+def query(md: ModelDeployment, spec: AutoscalingSpec) -> tuple[str, str]:
+    """(PromQL, KEDA metricType) of the signal."""
+    sel, win = _selector(md), spec.window
+    if spec.metric == "queueWaitP90":
+        rate = f"rate(modelserver_queue_wait_seconds_bucket{{{sel}}}[{win}])"
+        q = f"histogram_quantile(0.9, sum by (le) ({rate}))"
+        # no traffic: NaN; KEDA treats a NaN as an error -- the empty queue waits 0 s
+        return f"({q}) or vector(0)", "Value"
+    if spec.metric == "queueDepth":
+        return f"sum(modelserver_queue_depth{{{sel}}}) or vector(0)", "AverageValue"
+    return f"sum(rate(modelserver_requests_total{{{sel}}}[{win}])) or vector(0)", "AverageValue"
+
+
+def _threshold(value: float) -> str:
+    # KEDA parses the threshold as a resource quantity-like float string
+    return f"{value:g}"
+
+
+def build_scaled_object(md: ModelDeployment, spec: AutoscalingSpec, prometheus_url: str) -> dict[str, Any]:
+    promql, metric_type = query(md, spec)
+    labels = {**builders.common_labels(md), builders.LABEL_COMPONENT: "autoscaler"}
+    return builders.stamp(
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "name": md.name,
+                "namespace": md.namespace,
+                "labels": labels,
+                "ownerReferences": [builders.owner_reference(md)],
+            },
+            "spec": {
+                "scaleTargetRef": {"apiVersion": md.api_version, "kind": md.kind, "name": md.name},
+                "minReplicaCount": spec.min_replicas,
+                "maxReplicaCount": spec.max_replicas,
+                "pollingInterval": max(1, math.ceil(parse_duration(spec.polling_interval))),
+                "advanced": {
+                    "horizontalPodAutoscalerConfig": {
+                        "name": md.name,
+                        "behavior": {
+                            "scaleDown": {
+                                "stabilizationWindowSeconds": math.ceil(
+                                    parse_duration(spec.scale_down_stabilization)
+                                )
+                            },
+                        },
+                    }
+                },
+                "triggers": [
+                    {
+                        "type": "prometheus",
+                        "name": spec.metric,
+                        "metricType": metric_type,
+                        "metadata": {
+                            "serverAddress": prometheus_url,
+                            "query": promql,
+                            "threshold": _threshold(spec.target),
+                        },
+                    }
+                ],
+            },
+        }
+    )

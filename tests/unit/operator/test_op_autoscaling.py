@@ -1,0 +1,122 @@
+"""Autoscaling: the scale subresource's status, spec.autoscaling as a KEDA ScaledObject owned by the
+operator, and the HPA writing spec.replicas in the middle of a canary without fighting it."""
+
+from __future__ import annotations
+
+import pytest
+from md_canary import World, canary_md
+from modeldeploy import autoscaling
+from modeldeploy.api import AutoscalingSpec, ModelDeployment
+from modeldeploy.canary import achieved_weight, replica_split
+from pydantic import ValidationError
+
+AUTOSCALING = {"minReplicas": 1, "maxReplicas": 6, "metric": "queueWaitP90", "target": 0.05}
+
+
+def md(**over) -> ModelDeployment:
+    body = canary_md()
+    body["spec"].update(over)
+    return ModelDeployment.from_api(body)
+
+
+def test_bounds_are_checked():
+    with pytest.raises(ValidationError, match="minReplicas must not exceed maxReplicas"):
+        AutoscalingSpec.model_validate({"minReplicas": 4, "maxReplicas": 2, "target": 1})
+    with pytest.raises(ValidationError, match="target"):
+        AutoscalingSpec.model_validate({"maxReplicas": 2, "target": 0})
+
+
+def test_scaled_object_targets_the_modeldeployment_scale_subresource():
+    m = md(autoscaling=AUTOSCALING)
+    assert m.spec.autoscaling is not None
+    so = autoscaling.build_scaled_object(m, m.spec.autoscaling, "http://prom:9090")
+    assert so["apiVersion"] == "keda.sh/v1alpha1" and so["kind"] == "ScaledObject"
+    assert so["metadata"]["ownerReferences"][0]["uid"] == m.uid
+    spec = so["spec"]
+    assert spec["scaleTargetRef"] == {
+        "apiVersion": "modeldeploy.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "name": "minilm",
+    }
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"], spec["pollingInterval"]) == (1, 6, 15)
+    hpa = spec["advanced"]["horizontalPodAutoscalerConfig"]
+    assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 300
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "Value"
+    assert trigger["metadata"]["serverAddress"] == "http://prom:9090"
+    assert trigger["metadata"]["threshold"] == "0.05"
+    q = trigger["metadata"]["query"]
+    assert "histogram_quantile(0.9" in q and "modelserver_queue_wait_seconds_bucket" in q
+    assert 'namespace="default",modeldeploy_io_name="minilm"' in q and "[1m]" in q
+
+
+@pytest.mark.parametrize(
+    ("metric", "series", "kind"),
+    [
+        ("queueDepth", "modelserver_queue_depth", "AverageValue"),
+        ("requestRate", "modelserver_requests_total", "AverageValue"),
+    ],
+)
+def test_per_pod_signals_are_average_value_targets(metric, series, kind):
+    m = md(autoscaling={**AUTOSCALING, "metric": metric, "target": 8})
+    assert m.spec.autoscaling is not None
+    q, metric_type = autoscaling.query(m, m.spec.autoscaling)
+    assert series in q and metric_type == kind
+    assert q.endswith("or vector(0)")  # no traffic is 0, not "no data"
+
+
+def scaled_objects(w: World) -> list[dict]:
+    return w.fake.of_kind("ScaledObject")
+
+
+def test_the_operator_owns_the_scaled_object_and_removes_it_with_the_setting():
+    w = World(canary_md(replicas=2))
+    w.edit(autoscaling=AUTOSCALING)
+    w.deploy_first()
+    (so,) = scaled_objects(w)
+    assert so["metadata"]["name"] == "minilm"
+    assert w.status["autoscaler"] == "minilm"
+    # the scale subresource reads these
+    assert w.status["servingReplicas"] == 2
+    assert w.status["selector"] == "modeldeploy.io/name=minilm"
+    del w.raw["spec"]["autoscaling"]
+    w.raw["metadata"]["generation"] += 1
+    w.reconcile()
+    assert scaled_objects(w) == []
+    assert "autoscaler" not in w.status
+
+
+def test_without_a_prometheus_url_the_autoscaler_is_reported_not_guessed():
+    w = World(canary_md(replicas=1))
+    w.rec.prometheus_url = ""
+    w.edit(autoscaling=AUTOSCALING)
+    w.reconcile()
+    assert scaled_objects(w) == []
+    degraded = w.cond("Degraded")
+    assert degraded["status"] == "True" and "spec.autoscaling" in degraded["message"]
+
+
+def test_hpa_scaling_during_a_canary_keeps_the_weight_within_one_pod():
+    """The HPA writes spec.replicas (through the scale subresource) while a canary is at 25 %: the
+    operator re-splits the new count, so the achieved weight stays within one pod of the step's."""
+    w = World(canary_md(replicas=4))
+    w.edit(autoscaling={**AUTOSCALING, "maxReplicas": 12})
+    stable = w.deploy_first()
+    canary = w.new_version("2")
+    w.run_for(3)
+    assert w.status["canaryRevision"] == canary and w.status["canaryWeight"] == 25
+    for replicas in (8, 12, 3):
+        w.raw["spec"]["replicas"] = replicas  # what the HPA does
+        w.raw["metadata"]["generation"] += 1
+        w.run_for(3)
+        w.reconcile()  # settled: no clock tick, so no step change in between
+        if w.status.get("canaryRevision") != canary:
+            break
+        c_in, s_in = w.in_traffic(canary), w.in_traffic(stable)
+        weight = w.status["canaryWeight"]
+        assert (c_in, s_in) == replica_split(replicas, weight)  # re-split for the new count
+        assert c_in + s_in >= replicas  # capacity follows the autoscaler
+        achieved = achieved_weight(c_in, s_in)
+        assert achieved == w.status["achievedCanaryWeight"]
+        assert achieved is not None and abs(achieved - weight) <= 100 / (c_in + s_in)  # within one pod
+        assert w.status["servingReplicas"] == replicas
