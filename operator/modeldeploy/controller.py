@@ -190,13 +190,17 @@ class Controller:
             key, from_timer = await self._queue.get()
             self._queued.discard(key)
             metrics.QUEUE_DEPTH.set(len(self._queued))
-            if from_timer and self._gate is not None:
-                active = await asyncio.to_thread(self._gate.is_active)
-                if not active:
-                    log.info("not the active operator replica; skipping the timed reconcile of %s/%s", *key)
-                    continue
+            # running from here on, the peering check included: an event that arrives while the gate is
+            # asked marks the key dirty instead of starting a second reconcile next to this one
             self._running.add(key)
             try:
+                if from_timer and self._gate is not None:
+                    active = await asyncio.to_thread(self._gate.is_active)
+                    if not active:
+                        log.info(
+                            "not the active operator replica; skipping the timed reconcile of %s/%s", *key
+                        )
+                        continue
                 result = await asyncio.to_thread(self._reconcile, *key)
             except asyncio.CancelledError:
                 raise

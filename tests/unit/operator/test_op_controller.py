@@ -117,6 +117,38 @@ async def test_timed_reconciles_ask_the_peering_gate():
         await c.stop()
 
 
+async def test_an_event_during_a_timed_reconciles_gate_check_waits_for_it():
+    """A timer fires and its worker asks the peering gate (an apiserver GET); a watch event for the same
+    key arrives meanwhile. The key counts as running from the moment it is taken off the queue, so the
+    event's reconcile follows the timer's instead of running next to it (two applies of one object)."""
+    rec = Recorder()
+    asked, answer = threading.Event(), threading.Event()
+
+    class Slow(PeeringGate):
+        def is_active(self) -> bool:
+            asked.set()
+            answer.wait(5)
+            return True
+
+    c = Controller(rec, workers=2, gate=Slow(None, identity="me", priority=1, peering_name="p"))
+    c.start()
+    try:
+        c.enqueue_after(("ns", "a"), 0)
+        assert await asyncio.to_thread(asked.wait, 5)
+        rec.release.clear()  # reconciles take a while
+        c.enqueue(("ns", "a"))  # the watch event, while the gate is being asked
+        await asyncio.sleep(0.05)
+        answer.set()
+        await asyncio.sleep(0.05)
+        rec.release.set()
+        await drain(c, 2, rec)
+        assert rec.calls == [("ns", "a"), ("ns", "a")]
+        assert rec.max_active == 1
+    finally:
+        answer.set()
+        await c.stop()
+
+
 def peer(priority: int, seconds_ago: float = 1, lifetime: int = 60) -> dict:
     return {
         "priority": priority,
