@@ -2,7 +2,12 @@
 
 URIs: a plain path, ``file:///abs/path``, ``http(s)://host/file`` (downloaded into a local directory first;
 archives ``.tar``, ``.tar.gz``, ``.tgz``, ``.zip`` are unpacked after the checksum is verified, refusing
-entries that escape the target), and ``noop://...`` (the built-in model).
+entries that escape the target), ``s3://bucket/prefix`` (fetched by :mod:`modelserver.fetch` into the
+download directory) and ``noop://...`` (the built-in model).
+
+A directory that holds exactly one file (hidden entries aside), as ``python -m modelserver.fetch`` leaves
+for a single object (``/mnt/models/model.pt``), stands for that file: its format is the file's, an archive
+is unpacked, and ``--model-sha256`` may be the file's sha256 (or the directory digest, as before).
 
 Checksums (``--model-sha256``):
 
@@ -87,10 +92,14 @@ def _safe_extract(archive: Path, dest: Path) -> None:
             t.extractall(dest, filter="data")
 
 
+def _work_dir(download_dir: str, name: str) -> Path:
+    base = Path(download_dir) if download_dir else Path(tempfile.mkdtemp(prefix="modelserver-"))
+    return base / hashlib.sha256(name.encode()).hexdigest()[:16]
+
+
 def download(url: str, download_dir: str, timeout: float = 300.0) -> Path:
     name = Path(unquote(urlsplit(url).path)).name or "model"
-    base = Path(download_dir) if download_dir else Path(tempfile.mkdtemp(prefix="modelserver-"))
-    target_dir = base / hashlib.sha256(url.encode()).hexdigest()[:16]
+    target_dir = _work_dir(download_dir, url)
     target_dir.mkdir(parents=True, exist_ok=True)
     target = target_dir / name
     tmp = target.with_name(target.name + ".part")
@@ -104,6 +113,45 @@ def download(url: str, download_dir: str, timeout: float = 300.0) -> Path:
     return target
 
 
+def _unpack(archive: Path, out: Path) -> Path:
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    _safe_extract(archive, out)
+    entries = list(out.iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else out
+
+
+def single_file(path: Path) -> Path | None:
+    """The one regular file of a directory that holds nothing else (hidden entries aside), else None."""
+    if not path.is_dir():
+        return None
+    entries = [p for p in path.iterdir() if not p.name.startswith(".")]
+    if len(entries) == 1 and entries[0].is_file():
+        return entries[0]
+    return None
+
+
+def _verify_single(directory: Path, file: Path, expected: str) -> None:
+    """A one-file directory matches either the file's sha256 or the directory digest."""
+    if expected and file_sha256(file) == expected.lower():
+        log.info("sha256 verified", extra={"path": str(file), "sha256": expected.lower()})
+        return
+    verify(directory, expected)
+
+
+def _fetch_s3(settings: Settings) -> Path:
+    from .fetch import FetchOptions, fetch_model
+    from .fetch_errors import FetchError
+
+    dest = _work_dir(settings.download_dir, settings.model_uri) / "model"
+    try:
+        fetch_model(settings.model_uri, dest, FetchOptions(sha256=settings.model_sha256))
+    except FetchError as e:
+        raise ModelLoadError(f"cannot fetch {settings.model_uri}: {e.line()}") from e
+    return dest
+
+
 def fetch(settings: Settings) -> Path:
     """Resolve the URI to a local path, verifying the checksum (before unpacking archives)."""
     uri = settings.model_uri
@@ -112,25 +160,33 @@ def fetch(settings: Settings) -> Path:
         local = download(uri, settings.download_dir)
         verify(local, settings.model_sha256)
         if local.name.endswith(ARCHIVES):
-            out = local.parent / "unpacked"
-            if out.exists():
-                shutil.rmtree(out)
-            out.mkdir()
-            _safe_extract(local, out)
-            entries = list(out.iterdir())
-            return entries[0] if len(entries) == 1 and entries[0].is_dir() else out
+            return _unpack(local, local.parent / "unpacked")
         return local
-    if parts.scheme == "file":
+    checked = False
+    if parts.scheme == "s3":
+        path = _fetch_s3(settings)  # verified by the fetch (the object's sha256 or the directory digest)
+        checked = True
+    elif parts.scheme == "file":
         path = Path(unquote(parts.path))
     elif parts.scheme == "":
         path = Path(uri)
     else:
         raise ModelLoadError(
-            f"unsupported model URI scheme {parts.scheme!r} (use file://, http(s):// or noop://)"
+            f"unsupported model URI scheme {parts.scheme!r} (use file://, http(s)://, s3:// or noop://)"
         )
     if not path.exists():
         raise ModelLoadError(f"model path {path} does not exist")
-    verify(path, settings.model_sha256)
+    only = single_file(path)
+    if only is not None:
+        # a fetched single object (/mnt/models/<basename>): the model is that file
+        if not checked:
+            _verify_single(path, only, settings.model_sha256)
+        log.info("the model directory holds one file", extra={"path": str(only)})
+        if only.name.endswith(ARCHIVES):
+            return _unpack(only, _work_dir(settings.download_dir, str(only)) / "unpacked")
+        return only
+    if not checked:
+        verify(path, settings.model_sha256)
     return path
 
 
@@ -186,7 +242,7 @@ def resolve_device(device: str) -> str:
 
 def create_model(settings: Settings) -> ServedModel:
     """Fetch, verify and construct (not yet load) the model the settings describe."""
-    fmt = settings.model_format
+    fmt: str = settings.model_format
     if fmt == "noop" or settings.model_uri.startswith("noop:"):
         from .models.noop import NoopModel
 

@@ -1,0 +1,285 @@
+"""A node-local cache of fetched models, shared by the fetch containers of the pods of a node.
+
+Layout under the cache directory (a hostPath)::
+
+    entries/<key>/meta.json    a complete entry: what it is, its size, its sha256; mtime = last use
+    entries/<key>/data/...     the files (read-only)
+    locks/<key>.lock           flock: shared while an entry is read, exclusive while it is filled/evicted
+    tmp/<key>.<pid>.<rand>/    an entry being filled (reserve.json: its size); renamed into entries/
+    evict.lock                 flock: one eviction/reservation at a time
+
+``key`` is the sha256 of the object's identity: the endpoint, bucket and key, and each object's relative
+path, size, ETag and version ID, as the store lists them. A changed object has another key; an entry is
+never updated in place. An entry exists only complete (``rename`` of a finished directory); a fetch that
+fails leaves no entry. Lock files are never removed (removing one would let two processes lock two files).
+
+Concurrency: a reader takes the key's lock shared (it waits while another pod fills the entry), and uses
+the entry if it is complete. Otherwise it takes the lock exclusive, looks again (the other pod may have
+filled it) and fills it. Eviction (least recently used first, until the entries and the reservations of
+fills in progress fit under the cap) takes an entry's lock exclusive without waiting: an entry in use or
+being filled is never evicted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .fetch_errors import DownloadTimeout, FetchError
+
+log = logging.getLogger("modelserver.fetch")
+
+META = "meta.json"
+DATA = "data"
+
+
+def lock_fd(path: Path, mode: int, deadline: float, what: str) -> int:
+    """Open ``path`` and flock it (``LOCK_SH``/``LOCK_EX``), polling until ``deadline`` (monotonic)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    delay = 0.02
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise DownloadTimeout(f"timed out waiting for {what}") from None
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 1.5, 0.5)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def try_lock(path: Path, mode: int = fcntl.LOCK_EX) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        return fd
+    except BlockingIOError:
+        os.close(fd)
+        return None
+
+
+def unlock(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def rmtree(path: Path) -> None:
+    """Remove a tree, read-only files and directories included."""
+
+    def onerror(func: Any, p: str, exc_info: Any) -> None:
+        if isinstance(exc_info[1], FileNotFoundError):
+            return
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p), 0o755)
+            os.chmod(p, 0o755)
+        func(p)
+
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        shutil.rmtree(path, onerror=onerror)  # onexc is 3.12+
+
+
+def tree_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+@dataclass
+class Entry:
+    key: str
+    path: Path
+
+    @property
+    def data(self) -> Path:
+        return self.path / DATA
+
+    def meta(self) -> dict[str, Any]:
+        return json.loads((self.path / META).read_text())
+
+    def complete(self) -> bool:
+        return (self.path / META).is_file() and self.data.is_dir()
+
+
+class NodeCache:
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self.entries = root / "entries"
+        self.locks = root / "locks"
+        self.tmp = root / "tmp"
+        try:
+            for d in (root, self.entries, self.locks, self.tmp):
+                d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise FetchError(f"cannot use the cache directory {root}: {e.strerror or e}") from e
+
+    def entry(self, key: str) -> Entry:
+        return Entry(key, self.entries / key)
+
+    def lock_path(self, key: str) -> Path:
+        return self.locks / f"{key}.lock"
+
+    def touch(self, key: str) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(self.entries / key / META)
+
+    # -- reading ------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def shared(self, key: str, deadline: float) -> Iterator[Entry | None]:
+        """The complete entry under a shared lock (waits for a fill in progress), or None."""
+        fd = lock_fd(self.lock_path(key), fcntl.LOCK_SH, deadline, "another fetch of the same model")
+        try:
+            e = self.entry(key)
+            yield e if e.complete() else None
+        finally:
+            unlock(fd)
+
+    @contextlib.contextmanager
+    def exclusive(self, key: str, deadline: float) -> Iterator[Entry | None]:
+        """The key's lock exclusive: the complete entry (another fetch filled it meanwhile) or None, in which
+        case the caller fills it with :meth:`reserve` and :meth:`commit`."""
+        fd = lock_fd(self.lock_path(key), fcntl.LOCK_EX, deadline, "another fetch of the same model")
+        try:
+            # what a killed filler of this key left: nobody else can be filling it now
+            for stale in self.tmp.glob(f"{key}.*"):
+                rmtree(stale)
+            e = self.entry(key)
+            yield e if e.complete() else None
+        finally:
+            unlock(fd)
+
+    # -- filling ------------------------------------------------------------------------------------------
+    def reserve(self, key: str, size: int, deadline: float) -> Path | None:
+        """Make room for ``size`` bytes (evicting least recently used entries) and return a staging directory
+        for the entry, or None when it cannot fit (larger than the cap, or the rest is in use). Call with
+        the key's lock held exclusive."""
+        if size > self.max_bytes:
+            log.info(
+                "not cached: larger than the cache's cap",
+                extra={"event": "cache_skip", "key": key, "bytes": size, "cache_max_bytes": self.max_bytes},
+            )
+            return None
+        fd = lock_fd(self.root / "evict.lock", fcntl.LOCK_EX, deadline, "the cache's eviction lock")
+        try:
+            used = self._usage(exclude=key)
+            if used + size > self.max_bytes:
+                used = self._evict(used + size - self.max_bytes, used, protect=key)
+            if used + size > self.max_bytes:
+                log.info(
+                    "not cached: the cache is full of entries in use",
+                    extra={"event": "cache_skip", "key": key, "bytes": size, "used_bytes": used},
+                )
+                return None
+            staging = self.tmp / f"{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            staging.mkdir(mode=0o755)
+            (staging / "reserve.json").write_text(json.dumps({"bytes": size}))
+            return staging
+        finally:
+            unlock(fd)
+
+    def commit(self, key: str, staging: Path, meta: dict[str, Any]) -> Entry:
+        """Mark the staged entry complete: files read-only, meta written, one ``rename``."""
+        data = staging / DATA
+        for p in sorted(data.rglob("*"), reverse=True):
+            if p.is_file():
+                os.chmod(p, 0o444)
+            elif p.is_dir():
+                os.chmod(p, 0o755)
+        os.chmod(data, 0o755)
+        (staging / "reserve.json").unlink(missing_ok=True)
+        tmp_meta = staging / (META + ".tmp")
+        tmp_meta.write_text(json.dumps({"key": key, "created": time.time(), **meta}, indent=1))
+        os.replace(tmp_meta, staging / META)
+        target = self.entries / key
+        if target.exists():  # a leftover without our lock cannot be complete; replace it
+            rmtree(target)
+        os.rename(staging, target)
+        log.info("cache stored", extra={"event": "cache_store", "key": key, "bytes": meta.get("bytes")})
+        return self.entry(key)
+
+    def discard(self, staging: Path | None) -> None:
+        if staging is not None:
+            rmtree(staging)
+
+    # -- size ---------------------------------------------------------------------------------------------
+    def _usage(self, exclude: str = "") -> int:
+        used = 0
+        for e in self.entries.iterdir():
+            try:
+                used += int(json.loads((e / META).read_text()).get("bytes", 0))
+            except (OSError, ValueError):
+                continue  # not complete: a leftover, removed by its key's next filler
+        for s in self.tmp.iterdir():
+            if s.name.startswith(f"{exclude}."):
+                continue
+            key = s.name.split(".", 1)[0]
+            fd = try_lock(self.lock_path(key)) if (s / "reserve.json").exists() else None
+            if fd is not None:  # its filler is gone
+                try:
+                    rmtree(s)
+                finally:
+                    unlock(fd)
+                continue
+            if key == "evict" or not (s / "reserve.json").exists():
+                if key == "evict":
+                    rmtree(s)  # an eviction's leftover (we hold the eviction lock)
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                used += int(json.loads((s / "reserve.json").read_text()).get("bytes", 0))
+        return used
+
+    def _evict(self, need: int, used: int, protect: str) -> int:
+        """Evict least recently used entries not in use until ``need`` bytes are freed; the new usage."""
+        candidates = []
+        for e in self.entries.iterdir():
+            if e.name == protect:
+                continue
+            try:
+                st = (e / META).stat()
+                size = int(json.loads((e / META).read_text()).get("bytes", 0))
+            except (OSError, ValueError):
+                continue
+            candidates.append((st.st_mtime, e.name, size))
+        candidates.sort()
+        freed = 0
+        for mtime, key, size in candidates:
+            if freed >= need:
+                break
+            fd = try_lock(self.lock_path(key))
+            if fd is None:
+                log.info("cache entry in use: not evicted", extra={"event": "cache_busy", "key": key})
+                continue
+            try:
+                src = self.entries / key
+                trash = self.tmp / f"evict.{key}.{uuid.uuid4().hex[:8]}"
+                try:
+                    os.rename(src, trash)
+                except OSError as e:
+                    if e.errno == errno.ENOENT:
+                        continue
+                    raise
+                rmtree(trash)
+            finally:
+                unlock(fd)
+            freed += size
+            log.info(
+                "cache evict",
+                extra={"event": "cache_evict", "key": key, "bytes": size, "last_used": round(mtime, 3)},
+            )
+        return used - freed
