@@ -7,8 +7,14 @@ workloads: short texts of 4-24 words, and a long-tailed mix (log-normal token co
 2. modelserver, adaptive batching (default settings), closed loop at saturation;
 3. modelserver with ``--scheduler fifo`` (buckets/token budget/cost model off: plain dynamic batching);
 4. naive: FastAPI calling the model once per request;
-plus an open-loop Poisson run at 70% of (2) (p50/p99 latency) and the server overhead with the no-op model
-driven by ``wrk`` (apt package; a Python generator when wrk is missing): requests/s and server CPU us/request.
+plus the server overhead with the no-op model driven by ``wrk`` (apt package; a Python generator when wrk is
+missing): requests/s and server CPU us/request.
+
+Tail latency (issue #15): both adaptive schedulers -- ``adaptive`` and ``adaptive-v1``, the scheduler before
+the tail work, kept as the baseline -- get open-loop Poisson arrivals at 70% of (2)'s peak, first as a freshly
+started server, then right after a saturation phase (64 closed-loop clients for 15 s): p50/p99 latency at the
+client, and from a probe on the batching core (bench/serving_probe.py) every item's queue wait and every
+batch's inference time, overall and per length bucket.
 
 ``make bench-serving`` then runs bench/serving_shadow.py (what shadow copies cost the stable server; alone:
 ``make bench-serving-shadow``).
@@ -48,7 +54,18 @@ HOST = "127.0.0.1"
 MODEL_NAME = "minilm"
 CONCURRENCY = 128
 REQUEST_TIMEOUT_MS = 60_000  # the caller's deadline (the default cap); server defaults are untouched
-TARGETS = {"adaptive/limit": 0.85, "adaptive/naive (short)": 2.5, "adaptive/fifo (long)": 1.5}
+TARGETS = {
+    "adaptive/limit": 0.85,
+    "adaptive/naive (short)": 2.5,
+    "adaptive/fifo (long)": 1.5,
+    "adaptive/adaptive-v1": 0.95,
+    "adaptive/fifo": 1.0,
+    "poisson p99/p50": 3.0,
+    "poisson max wait/max batch": 4.0,
+}
+TAIL_LOAD = 0.7  # Poisson rate as a share of adaptive's peak
+SATURATION = (64, 15.0)  # closed-loop clients and seconds before the "after saturation" Poisson phase
+PROBED = ("adaptive", "adaptive-v1")  # servers run through bench/serving_probe.py
 
 
 def log(msg: str) -> None:
@@ -236,10 +253,11 @@ class Proc:
         self._log.close()
 
 
-def modelserver_args(threads: int, *extra: str) -> list[str]:
+def modelserver_args(threads: int, *extra: str, probe: Path | None = None) -> list[str]:
+    """``python -m modelserver`` arguments; with ``probe`` the same server through bench/serving_probe.py."""
+    entry = ["-m", "modelserver"] if probe is None else ["-m", "bench.serving_probe", str(probe)]
     return [
-        "-m",
-        "modelserver",
+        *entry,
         "--model-uri",
         f"file://{minilm_dir()}",
         "--model-name",
@@ -298,7 +316,6 @@ def run_rounds(
     hits all of them alike; report medians over the rounds."""
     configs = ["limit", *servers]
     results: dict[str, Any] = {cfg: {} for cfg in configs}
-    results["poisson"] = {}
     for wl, reqs in bodies.items():
         samples: dict[str, list[float]] = {cfg: [] for cfg in configs}
         last: dict[str, LoadResult] = {}
@@ -329,18 +346,123 @@ def run_rounds(
                     entry["padding_ratio_mean_so_far"] = padding_ratio(servers[cfg].port)
                     entry["server_stats"] = server_stats(servers[cfg].port)
             results[cfg][wl] = entry
-        rate = 0.7 * results["adaptive"][wl]["items_per_s"]
-        # both adaptive schedulers at the same rate, right after their saturation rounds
-        for cfg in ("adaptive", "adaptive-v1"):
-            if cfg not in servers:
-                continue
-            port = servers[cfg].port
-            pr = asyncio.run(open_loop(HOST, port, reqs, rate, durations[wl], warmup_s=2.0))
-            key = wl if cfg == "adaptive" else f"{wl} ({cfg})"
-            results["poisson"][key] = {"rate_per_s": round(rate, 1), **summarize(pr)}
-            p50, p99 = pr.pct(50) * 1000, pr.pct(99) * 1000
-            log(f"{cfg} {wl} Poisson at {rate:.1f}/s: p50 {p50:.1f} ms p99 {p99:.1f} ms")
     return results
+
+
+# -- tail latency (issue #15) -------------------------------------------------------------------------------
+
+
+def read_probe(path: Path, offset: int) -> tuple[int, list[list[Any]]]:
+    """The probe lines (bench/serving_probe.py) appended since byte ``offset`` -> (new offset, lines)."""
+    if not path.exists():
+        return offset, []
+    with path.open("rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    return offset + end, [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+
+
+def _pct_ms(xs: list[float], q: float) -> float:
+    return round(float(np.percentile(xs, q)) * 1000, 1) if xs else float("nan")
+
+
+def tail_stats(batches: list[list[Any]], since: float, bounds: list[int]) -> dict[str, Any]:
+    """Of the items admitted at or after ``since`` (server clock): the longest queue wait, the longest
+    inference time of a batch holding them, their ratio, and per length bucket (``bounds``: inclusive upper
+    bounds) the items, p50/p99 of the server-side latency (queue wait + inference) and both maxima."""
+    rows = [
+        (wait, length, secs)
+        for formed, secs, _padded, items in batches
+        for wait, length in items
+        if formed - wait >= since
+    ]
+    if not rows:
+        return {"items": 0}
+    waits, lengths, secs = (np.array(col, dtype=np.float64) for col in zip(*rows, strict=True))
+    max_wait, max_batch = float(waits.max()), float(secs.max())
+    buckets: dict[str, Any] = {}
+    lo = 0
+    for hi in bounds:
+        m = (lengths > lo) & (lengths <= hi)
+        if m.any():
+            server = list(waits[m] + secs[m])
+            buckets[f"{lo + 1}-{hi}"] = {
+                "items": int(m.sum()),
+                "server_p50_ms": _pct_ms(server, 50),
+                "server_p99_ms": _pct_ms(server, 99),
+                "max_wait_ms": round(float(waits[m].max()) * 1000, 1),
+                "max_batch_ms": round(float(secs[m].max()) * 1000, 1),
+            }
+        lo = hi
+    return {
+        "items": len(rows),
+        "max_wait_ms": round(max_wait * 1000, 1),
+        "max_batch_ms": round(max_batch * 1000, 1),
+        "max_wait/max_batch": round(max_wait / max_batch, 2) if max_batch > 0 else float("nan"),
+        "server_p50_ms": _pct_ms(list(waits + secs), 50),
+        "server_p99_ms": _pct_ms(list(waits + secs), 99),
+        "buckets": buckets,
+    }
+
+
+def poisson_phase(
+    proc: Proc, probe: Path, reqs: list[tuple[bytes, int]], rate: float, seconds: float, warmup_s: float
+) -> dict[str, Any]:
+    """Poisson arrivals at ``rate``: client-side p50/p99 and the probe's waits and batch times."""
+    offset, _ = read_probe(probe, 0)
+    since = time.monotonic() + warmup_s  # the load generator's measurement window starts here
+    pr = asyncio.run(open_loop(HOST, proc.port, reqs, rate, seconds, warmup_s=warmup_s))
+    time.sleep(0.3)  # the last batches' probe lines
+    _, batches = read_probe(probe, offset)
+    bounds = server_stats(proc.port).get("buckets") or [16, 32, 64, 128, 256, 512]
+    out = {"rate_per_s": round(rate, 1), **summarize(pr)}
+    out["p99/p50"] = round(out["p99_ms"] / out["p50_ms"], 2) if out["p50_ms"] else float("nan")
+    return out | tail_stats(batches, since, bounds)
+
+
+def run_tail(
+    servers: dict[str, Proc],
+    specs: dict[str, list[str]],
+    probes: dict[str, Path],
+    log_dir: Path,
+    bodies: dict[str, list[tuple[bytes, int]]],
+    peaks: dict[str, float],
+    seconds: dict[str, float],
+    warmup_s: float,
+    saturation: tuple[int, float] = SATURATION,
+) -> dict[str, Any]:
+    """Per workload, for each adaptive scheduler: a freshly started server gets Poisson arrivals at
+    ``TAIL_LOAD`` x adaptive's peak, then runs at saturation (``saturation``: closed-loop clients, seconds),
+    then gets the same arrivals again. Both schedulers at the same rate."""
+    out: dict[str, Any] = {}
+    clients, sat_s = saturation
+    for wl, reqs in bodies.items():
+        rate = TAIL_LOAD * peaks[wl]
+        out[wl] = {}
+        for cfg in PROBED:
+            servers[cfg].stop()
+            servers[cfg] = proc = Proc(specs[cfg], cfg, log_dir)
+            proc.wait_ready()
+            fresh = poisson_phase(proc, probes[cfg], reqs, rate, seconds[wl], warmup_s)
+            sat = asyncio.run(closed_loop(HOST, proc.port, reqs, clients, 0.0, sat_s))
+            after = poisson_phase(proc, probes[cfg], reqs, rate, seconds[wl], warmup_s)
+            out[wl][cfg] = {
+                "fresh": fresh,
+                "saturation": {
+                    "clients": clients,
+                    "seconds": sat_s,
+                    "items_per_s": round(sat.items_per_s, 1),
+                },
+                "after_saturation": after,
+            }
+            for phase, e in (("fresh", fresh), ("after saturation", after)):
+                log(
+                    f"tail {wl} {cfg} {phase} at {rate:.1f}/s: p50 {e['p50_ms']} ms p99 {e['p99_ms']} ms"
+                    f" (x{e['p99/p50']}), max wait {e.get('max_wait_ms')} ms / max batch"
+                    f" {e.get('max_batch_ms')} ms"
+                )
+    return out
 
 
 # -- server overhead with the no-op model -----------------------------------------------------------------
@@ -455,18 +577,28 @@ def ratios(res: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
-def verdicts(r: dict[str, Any]) -> dict[str, Any]:
-    return {
+def verdicts(r: dict[str, Any], tail: dict[str, Any] | None = None) -> dict[str, Any]:
+    out = {
         "short: adaptive/limit >= 0.85": r["short: adaptive/limit"] >= 0.85,
         "long: adaptive/limit >= 0.85": r["long: adaptive/limit"] >= 0.85,
         "short: adaptive/naive >= 2.5": r["short: adaptive/naive"] >= 2.5,
         "long: adaptive/fifo >= 1.5": r["long: adaptive/fifo"] >= 1.5,
+        "short: adaptive/fifo > 1": r["short: adaptive/fifo"] > 1.0,
         **{
             f"{wl}: adaptive/adaptive-v1 >= 0.95": r[f"{wl}: adaptive/adaptive-v1"] >= 0.95
             for wl in ("short", "long")
             if f"{wl}: adaptive/adaptive-v1" in r
         },
     }
+    for wl, row in (tail or {}).items():
+        for phase in ("fresh", "after_saturation"):
+            e = row["adaptive"][phase]
+            name = phase.replace("_", " ")
+            out[f"{wl}: Poisson at 70%, {name}: p99 <= 3 x p50"] = e["p99/p50"] <= TARGETS["poisson p99/p50"]
+            out[f"{wl}: Poisson at 70%, {name}: max wait <= 4 x max batch"] = (
+                e.get("max_wait/max_batch", float("inf")) <= TARGETS["poisson max wait/max batch"]
+            )
+    return out
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -487,20 +619,21 @@ def markdown(doc: dict[str, Any]) -> str:
         " rounds.",
         "",
         "| workload | tokens mean / p95 / max | (1) limit items/s | (2) adaptive | (3) FIFO | (4) naive |"
-        " (2)/(1) | (2)/(3) | (2)/(4) | Poisson @70% of (2): p50 / p99 |",
+        " (2)/(1) | (2)/(3) | (2)/(4) | Poisson @70% of (2), p50 / p99: fresh; after saturation |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for wl in ("short", "long"):
         w = doc["workloads"][wl]
-        p = res["poisson"].get(wl, {})
+        t = doc.get("tail", {}).get(wl, {}).get("adaptive", {})
+        fr, af = t.get("fresh", {}), t.get("after_saturation", {})
         lines.append(
             f"| {wl} | {w['tokens_mean']} / {w['tokens_p95']} / {w['tokens_max']} |"
             f" {res['limit'][wl]['items_per_s']} (bs {res['limit'][wl]['batch_size']}) |"
             f" {res['adaptive'][wl]['items_per_s']} | {res['fifo'][wl]['items_per_s']} |"
             f" {res['naive'][wl]['items_per_s']} | {r[f'{wl}: adaptive/limit']} |"
             f" {r[f'{wl}: adaptive/fifo']} |"
-            f" {r[f'{wl}: adaptive/naive']} | {p.get('p50_ms', '-')} ms / {p.get('p99_ms', '-')} ms"
-            f" at {p.get('rate_per_s', '-')}/s |"
+            f" {r[f'{wl}: adaptive/naive']} | {fr.get('p50_ms', '-')} / {fr.get('p99_ms', '-')} ms;"
+            f" {af.get('p50_ms', '-')} / {af.get('p99_ms', '-')} ms at {fr.get('rate_per_s', '-')}/s |"
         )
     lines += ["", "Per round (items/s):", "", "| workload | config | rounds |", "|---|---|---|"]
     for wl in ("short", "long"):
@@ -515,6 +648,8 @@ def markdown(doc: dict[str, Any]) -> str:
     for cfg in ("adaptive", "fifo"):
         vals = ", ".join(f"{wl} {res[cfg][wl].get('padding_ratio_mean_so_far')}" for wl in ("short", "long"))
         lines.append(f"- {cfg}: {vals} (cumulative over the server's life, warm-up included)")
+    sat = doc["settings"].get("saturation_clients_s", SATURATION)
+    lines += ["", real_tail_markdown(doc.get("tail", {}), (int(sat[0]), float(sat[1])))]
     sim = doc["simulation"]
     coef = ", ".join(f"{c:.3g}" for c in sim["cost_model"])
     lines += [
@@ -538,15 +673,6 @@ def markdown(doc: dict[str, Any]) -> str:
             f" {row['adaptive_mean_batch']} / {row['fifo_mean_batch']} |"
             f" {row['adaptive_max_wait_s']} s / {row['fifo_max_wait_s']} s |"
         )
-    lines += ["", "Poisson at 70% of (2), both adaptive schedulers (after their saturation rounds):", ""]
-    lines += ["| workload | scheduler | rate/s | p50 ms | p99 ms | p99/p50 |", "|---|---|---|---|---|---|"]
-    for key, p in res["poisson"].items():
-        wl, _, cfg = key.partition(" (")
-        ratio = round(p["p99_ms"] / p["p50_ms"], 2) if p.get("p50_ms") else "-"
-        lines.append(
-            f"| {wl} | {cfg.rstrip(')') or 'adaptive'} | {p['rate_per_s']} | {p['p50_ms']} | {p['p99_ms']} |"
-            f" {ratio} |"
-        )
     lines += ["", tail_markdown(sim.get("tail", {}))]
     o = doc["overhead"]
     lines += [
@@ -564,12 +690,64 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def real_tail_markdown(tail: dict[str, Any], saturation: tuple[int, float] = SATURATION) -> str:
+    """The real server's tail tables (run_tail)."""
+    if not tail:
+        return ""
+    clients, sat_s = saturation
+    lines = [
+        "## Tail latency, real server (issue #15)",
+        "",
+        f"Open-loop Poisson arrivals at {TAIL_LOAD:.0%} of (2)'s peak, the same rate for both adaptive"
+        " schedulers (`adaptive-v1`: the scheduler before the tail work, the baseline): *fresh* is a server"
+        f" started for this phase (warm-up only), *after saturation* the same server right after {clients}"
+        f" closed-loop clients for {sat_s:g} s. p50/p99: latency at the client (request sent to answer read)."
+        " Queue waits and batch times come from a probe on the batching core (`bench/serving_probe.py`):"
+        " the longest queue wait of the phase's items and the longest inference time of a batch that held"
+        " one; per length bucket (the server's buckets at the end of the phase), the server-side latency"
+        " (queue wait + inference).",
+        "",
+        "| workload | scheduler | phase | rate/s | requests | errors | p50 ms | p99 ms | p99/p50 |"
+        " max wait ms | max batch ms | max wait / max batch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    buckets = [
+        "",
+        "| workload | scheduler | phase | bucket | items | server p50 ms | server p99 ms | max wait ms |"
+        " max batch ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for wl, row in tail.items():
+        for cfg, phases in row.items():
+            for phase in ("fresh", "after_saturation"):
+                e = phases[phase]
+                errors = sum(e["errors"].values())
+                lines.append(
+                    f"| {wl} | {cfg} | {phase.replace('_', ' ')} | {e['rate_per_s']} | {e['requests']} |"
+                    f" {errors} | {e['p50_ms']} | {e['p99_ms']} | {e['p99/p50']} | {e.get('max_wait_ms')} |"
+                    f" {e.get('max_batch_ms')} | {e.get('max_wait/max_batch')} |"
+                )
+                for b, v in e.get("buckets", {}).items():
+                    buckets.append(
+                        f"| {wl} | {cfg} | {phase.replace('_', ' ')} | {b} | {v['items']} |"
+                        f" {v['server_p50_ms']} | {v['server_p99_ms']} | {v['max_wait_ms']} |"
+                        f" {v['max_batch_ms']} |"
+                    )
+    sat = ", ".join(
+        f"{wl} {cfg} {phases['saturation']['items_per_s']}"
+        for wl, row in tail.items()
+        for cfg, phases in row.items()
+    )
+    lines += ["", f"Items/s during the saturation phases: {sat}."]
+    return "\n".join([*lines, *buckets, ""])
+
+
 def tail_markdown(tail: dict[str, Any]) -> str:
     """The simulated tail tables (bench/serving_sim.tail_report)."""
     if not tail:
         return ""
     lines = [
-        "### Tail latency, simulated (Poisson at 70% of adaptive-v1's simulated peak, 60 s)",
+        "### Tail latency, simulated (Poisson at 70% of adaptive's simulated peak, 60 s)",
         "",
         "| workload | scheduler | phase | peak items/s | p50 ms | p99 ms | p99/p50 | max wait ms |"
         " max batch ms | max wait / max batch | busy | mean batch |",
@@ -602,6 +780,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     q = a.quick
     durations = {"short": 3.0 if q else 8.0, "long": 4.0 if q else 25.0}
+    tail_s = {"short": 4.0 if q else 15.0, "long": 6.0 if q else 40.0}  # each Poisson phase
+    saturation = (SATURATION[0], 5.0) if q else SATURATION
     warmup_s = 1.5 if q else 2.0
     rounds = 1 if q else 3
     out_dir = Path(a.out)
@@ -620,16 +800,22 @@ def main(argv: list[str] | None = None) -> int:
     log(f"limit: {threads} thread(s), batch sizes {limit.batch_size}")
     bodies = {wl: request_bodies(texts, seed=3) for wl, texts in workloads.items()}
     naive_args = ["-m", "bench.serving_naive", "--model-dir", str(minilm_dir()), "--port", "{port}"]
-    servers = {
-        "adaptive": Proc(modelserver_args(threads), "adaptive", log_dir),
-        "fifo": Proc(modelserver_args(threads, "--scheduler", "fifo"), "fifo", log_dir),
-        "adaptive-v1": Proc(modelserver_args(threads, "--scheduler", "adaptive-v1"), "adaptive-v1", log_dir),
-        "naive": Proc([*naive_args, "--num-threads", str(threads)], "naive", log_dir),
+    probes = {cfg: log_dir / f"{cfg}.probe.jsonl" for cfg in PROBED}
+    specs = {
+        "adaptive": modelserver_args(threads, probe=probes["adaptive"]),
+        "fifo": modelserver_args(threads, "--scheduler", "fifo"),
+        "adaptive-v1": modelserver_args(threads, "--scheduler", "adaptive-v1", probe=probes["adaptive-v1"]),
+        "naive": [*naive_args, "--num-threads", str(threads)],
     }
+    servers = {name: Proc(args, name, log_dir) for name, args in specs.items()}
     try:
         for proc in servers.values():
             proc.wait_ready()
         results = run_rounds(limit, servers, bodies, durations, warmup_s, rounds)
+        for proc in (servers["fifo"], servers["naive"]):
+            proc.stop()  # not needed any more: the tail phases get the CPUs to themselves
+        peaks = {wl: results["adaptive"][wl]["items_per_s"] for wl in bodies}
+        tail = run_tail(servers, specs, probes, log_dir, bodies, peaks, tail_s, warmup_s, saturation)
     finally:
         for proc in servers.values():
             proc.stop()
@@ -672,13 +858,17 @@ def main(argv: list[str] | None = None) -> int:
             "durations_s": durations,
             "warmup_s": warmup_s,
             "rounds": rounds,
+            "tail_poisson_s": tail_s,
+            "tail_load": TAIL_LOAD,
+            "saturation_clients_s": list(saturation),
             "limit_subset_items": subset,
         },
         "workloads": desc,
         "results": results,
         "ratios": r,
         "targets": TARGETS,
-        "targets_met": verdicts(r),
+        "targets_met": verdicts(r, tail),
+        "tail": tail,
         "overhead": overhead,
         "simulation": simulation,
         "runtime_s": round(time.monotonic() - t_start, 1),

@@ -15,21 +15,23 @@ Batch formation (``scheduler="adaptive"``), each time the worker is free:
 1. Items whose deadline passed fail with :class:`DeadlineExpired`.
 2. The *seed* is the most urgent item: the smallest virtual arrival time ``arrival + (priority-1)*aging``
    (priority aging: a waiting low-priority item eventually precedes every newcomer, so nothing starves),
-   unless an item is about to miss its deadline, then the earliest deadline among those goes first.
-3. Compatible items are sorted by length; every window of neighbours that contains the seed, has at most
-   ``max_batch_size`` items and ``n * L <= token_budget`` is scored by its efficiency: the time its items
-   would take in ideal batches at their own lengths, divided by the estimated time ``t(n, L)`` of the padded
-   batch (so padding and small-batch overhead both cost). Windows inside the seed's bucket are preferred; a
-   window crossing bucket boundaries wins only when the cost model says it is clearly more efficient (e.g.
-   the seed's bucket is nearly empty).
+   unless an item is about to miss its deadline, then the earliest deadline among those goes first. Every
+   batch holds the seed, so no item is ever passed over by one behind it in virtual time (the tail bound).
+3. Compatible items are sorted by length and split into contiguous batches (at most ``max_batch_size``
+   items, ``n * L <= token_budget``) of **least total estimated time** ``sum t(n, L)`` -- a dynamic
+   programme over the sorted queue, so a short input is padded to a longer one exactly when that costs
+   less than the extra batch's fixed overhead, and a deep queue is served in wide batches. The batch is the
+   seed's group of that plan. A batch crossing a length-bucket bound is costed ``cross_bucket_gain`` more.
+   The fixed per-batch cost used is the cost model's ``c0`` plus the recent excess of measured over
+   predicted batch times, so a model that undervalues batching (``c0`` fitted to ~0 after a burst) cannot
+   make the queue serve a backlog in needlessly small batches.
 4. The batch is dispatched when it is full, when its oldest item waited ``max_queue_delay``, when the seed's
    deadline is close, or when draining; otherwise the worker waits for more arrivals.
 
-Tail bound (``scheduler="adaptive"`` only): once the seed has waited ``overdue_factor`` x the recent batch
-time, its batch is, of the windows within ``overdue_tolerance`` of the best efficiency, the one with the most
-items (a backlog is served in wide batches even when the cost model undervalues batching), and the cost
-model keeps its observations per (batch size, length) cell. ``scheduler="adaptive-v1"`` is the adaptive
-scheduler without either (the benchmark's baseline).
+``scheduler="adaptive-v1"`` is the scheduler before the tail work of issue #15, kept as the benchmark's
+baseline: step 3 scores every window of neighbours around the seed by its efficiency (the ideal cost of its
+items at full batches over the padded batch's estimated time) and takes the best, preferring the seed's
+bucket; its cost model keeps one ring of the last observations (see :class:`CostModel`).
 
 ``scheduler="fifo"`` is plain dynamic batching (oldest first, up to ``max_batch_size``), kept for comparison.
 """
@@ -330,10 +332,8 @@ class BatchingConfig:
     buckets: Sequence[int] | None = None
     scheduler: str = "adaptive"  # adaptive | adaptive-v1 | fifo
     aging_s: float = 0.1
-    cross_bucket_gain: float = 0.10  # a cross-bucket window must be this much faster to win
+    cross_bucket_gain: float = 0.10  # a batch crossing a bucket bound costs this much more (v1: must gain it)
     urgent_factor: float = 2.0  # an item is at risk when slack < factor * recent batch time
-    overdue_factor: float = 2.0  # adaptive: a seed older than factor * recent batch time is overdue
-    overdue_tolerance: float = 0.03  # an overdue seed's batch: the most items within this of the best score
 
 
 class BatchObserver(Protocol):
@@ -371,6 +371,7 @@ class BatchQueue:
         self._backlog_s = 0.0
         self.budget = config.token_budget  # lowered after an out-of-memory batch
         self.recent_batch_s = 0.0  # EMA of batch latency
+        self.excess_s = 0.0  # EMA of measured minus predicted batch latency (the cost model's bias)
         self.in_flight_s = 0.0  # estimated remaining time of the batch being run
 
     # -- state -----------------------------------------------------------------------------------------
@@ -533,31 +534,62 @@ class BatchQueue:
                 best = (score, a, b, stopped or n >= n_max)
         return best
 
-    def overdue_age(self) -> float:
-        """Virtual age (``now - vkey``) from which the seed's batch is its bucket's widest window."""
-        return max(self.cfg.max_queue_delay_s, self.cfg.overdue_factor * self.recent_batch_s)
+    def _plan(self, cands: list[WorkItem], s: int, now: float, deadline: float) -> tuple[int, int, bool]:
+        """The seed's batch ``cands[a : b + 1]`` (cands sorted by length, ``s`` the seed) -> (a, b, full).
 
-    def _widest(
-        self, cands: list[WorkItem], i: int, lo: int, hi: int, now: float, deadline: float, floor: float
-    ) -> tuple[float, int, int, bool]:
-        """Of the windows of cands[lo:hi] (sorted by length) containing i whose efficiency (see
-        :meth:`_window`) is at least ``floor``, the one with the most items -> (score, a, b, full)."""
-        best = (-1.0, i, i, False)
-        for b, n, n_max, per_item, t, right_val in self._right_ends(cands, i, hi, now, deadline):
-            val, a = right_val, i
-            score = val / t
-            ok = (score, a) if score >= floor else None
-            while a > lo and n < n_max:
-                v2, t2 = val + cands[a - 1].est_cost, t + per_item
-                s2 = v2 / t2
-                if s2 < floor and s2 < score:
-                    break
-                a, n, val, t, score = a - 1, n + 1, v2, t2, s2
-                if score >= floor:
-                    ok = (score, a)
-            if ok is not None and (b - ok[1] > best[2] - best[1] or best[0] < 0):
-                best = (ok[0], ok[1], b, True)
-        return best
+        Of the partitions of cands into contiguous batches (sizes within the batch size and the token
+        budget), the one of least total estimated time; the seed's group of it, among those that finish
+        before the seed's deadline. Computed on the ``2 x max_batch_size`` neighbours either side of the seed
+        (what lies further off hardly moves the seed's group): ``pre[a]`` is the least time of
+        ``cands[:a]``, ``suf[b]`` that of ``cands[b:]``, and the seed's group ``[a, b)`` minimises
+        ``pre[a] + t([a, b)) + suf[b]``.
+        """
+        bmax = self.cfg.max_batch_size
+        first = max(0, s - 2 * bmax)
+        cands = cands[first : s + 2 * bmax + 1]
+        s -= first
+        m = len(cands)
+        c0, c1, c2, c3 = (float(x) for x in self.cost.coef)
+        c0 += max(0.0, self.excess_s)
+        lens = np.fromiter((max(1, c.length) for c in cands), dtype=np.float64, count=m)
+        per = c1 + lens * (c2 + lens * c3)  # per-item time of a batch padded to lens[j]
+        cap = np.clip(self.budget // lens, 1, bmax).astype(np.int64)  # most items such a batch holds
+        bucket = np.searchsorted(np.asarray(self.buckets.bounds), lens)
+        width = min(bmax, m)
+        k = np.arange(1, width + 1)
+        # t[j, k-1]: estimated time of the batch cands[j-k+1 : j+1] (k items padded to lens[j]), weighted by
+        # the cross-bucket factor for planning; inf where it does not exist or does not fit.
+        end = np.arange(m)[:, None]
+        start = end - k + 1
+        fits = (start >= 0) & (k <= cap[:, None])
+        t = c0 + k * per[:, None]
+        plan_t = t * np.where(
+            bucket[np.maximum(start, 0)] != bucket[:, None], 1.0 + self.cfg.cross_bucket_gain, 1.0
+        )
+        plan_t[~fits] = np.inf
+        pre = np.zeros(m + 1)
+        for j in range(1, s + 1):
+            w = min(j, width)
+            pre[j] = (pre[j - w : j][::-1] + plan_t[j - 1, :w]).min()
+        # by_start[i, k-1]: plan_t of the batch of k items starting at i
+        last = np.arange(m)[:, None] + k - 1
+        by_start = plan_t[np.minimum(last, m - 1), k - 1]
+        by_start[last >= m] = np.inf
+        suf = np.zeros(m + 1)
+        for i in range(m - 1, s, -1):
+            w = min(m - i, width)
+            suf[i] = (by_start[i, :w] + suf[i + 1 : i + w + 1]).min()
+        # the seed's group: ends b-1 in [s, s+width), sizes reaching down to or below s
+        ends = np.arange(s, min(m, s + width))
+        total = pre[np.maximum(ends[:, None] - k + 1, 0)] + plan_t[ends] + suf[ends + 1][:, None]
+        reach = (ends[:, None] - k + 1 <= s) & np.isfinite(plan_t[ends])
+        on_time = (now + t[ends] <= deadline) | ((ends[:, None] == s) & (k == 1))
+        total[~(reach & on_time)] = np.inf
+        # least total; among (near) equals the widest group
+        rows, cols = np.nonzero(total <= float(total.min()) * (1 + 1e-9))
+        pick = int(np.argmax(cols))
+        b, n = int(ends[rows[pick]]), int(cols[pick]) + 1
+        return first + b - n + 1, first + b, n >= int(cap[b])
 
     def _form(self, now: float) -> tuple[list[WorkItem], int, bool]:
         seed = self._seed(now)
@@ -568,23 +600,28 @@ class BatchQueue:
             return chosen, max(it.length for it in chosen), len(chosen) >= self.cfg.max_batch_size
         cands.sort(key=lambda it: (it.length, it.vkey, it.seq))
         i = cands.index(seed)
-        lo_len, hi_len = self.buckets.range_of(seed.length)
+        if self.cfg.scheduler == "adaptive-v1":
+            _, a, b, full = self._v1_window(cands, i, now, seed.deadline)
+        else:
+            a, b, full = self._plan(cands, i, now, seed.deadline)
+        chosen = cands[a : b + 1]
+        return chosen, chosen[-1].length, full
+
+    def _v1_window(
+        self, cands: list[WorkItem], i: int, now: float, deadline: float
+    ) -> tuple[float, int, int, bool]:
+        """``adaptive-v1``: the most efficient window around cands[i] in its bucket, or across buckets when
+        that is ``cross_bucket_gain`` more efficient and the bucket's window is not full."""
+        lo_len, hi_len = self.buckets.range_of(cands[i].length)
         lengths = [c.length for c in cands]
         lo = bisect.bisect_left(lengths, lo_len)
         hi = bisect.bisect_right(lengths, hi_len)
-        best = self._window(cands, i, lo, hi, now, seed.deadline)
-        if self.cfg.scheduler == "adaptive" and now - seed.vkey >= self.overdue_age():
-            floor = best[0] * (1.0 - self.cfg.overdue_tolerance)
-            wide = self._widest(cands, i, lo, hi, now, seed.deadline, floor)
-            if wide[0] >= 0 and wide[2] - wide[1] > best[2] - best[1]:
-                best = wide
+        best = self._window(cands, i, lo, hi, now, deadline)
         if not best[3] and (lo > 0 or hi < len(cands)):
-            alt = self._window(cands, i, 0, len(cands), now, seed.deadline)
+            alt = self._window(cands, i, 0, len(cands), now, deadline)
             if alt[0] > best[0] * (1.0 + self.cfg.cross_bucket_gain):
                 best = alt
-        _, a, b, full = best
-        chosen = cands[a : b + 1]
-        return chosen, chosen[-1].length, full
+        return best
 
     def try_form(self) -> Batch | float | None:
         """A batch if one should run now; else the clock time to re-check (float) or None (queue empty)."""
@@ -592,15 +629,28 @@ class BatchQueue:
         self._sweep(now)
         if not self._items:
             return None
+        if not self._closed and self.cfg.scheduler != "adaptive-v1":
+            # No batch can be full with fewer items than the longest one's batch holds, nor due before the
+            # queue's oldest item or at risk before its earliest deadline: then skip forming one. (A window
+            # of adaptive-v1 is also full when it stops growing.)
+            due, urgent_at = self._dispatch_times(self._items)
+            longest = max(it.length for it in self._items)
+            n_max = max(1, min(self.cfg.max_batch_size, self.budget // max(1, longest)))
+            if len(self._items) < n_max and now < due and now < urgent_at:
+                return min(due, urgent_at)
         chosen, padded, full = self._form(now)
-        oldest = min(it.arrival for it in chosen)
-        due = oldest + self.cfg.max_queue_delay_s
-        seed_deadline = min(it.deadline for it in chosen)
-        urgent_at = seed_deadline - self.cfg.urgent_factor * max(self.recent_batch_s, 1e-3)
+        due, urgent_at = self._dispatch_times(chosen)
         if full or self._closed or now >= due or now >= urgent_at:
             self._remove(chosen)
             return Batch(items=chosen, padded_length=max(1, padded), formed_at=now)
         return min(due, urgent_at)
+
+    def _dispatch_times(self, items: Sequence[WorkItem]) -> tuple[float, float]:
+        """When a batch of ``items`` is due (its oldest waited ``max_queue_delay``) and when it is at risk
+        (its earliest deadline within ``urgent_factor`` recent batch times)."""
+        due = min(it.arrival for it in items) + self.cfg.max_queue_delay_s
+        deadline = min(it.deadline for it in items)
+        return due, deadline - self.cfg.urgent_factor * max(self.recent_batch_s, 1e-3)
 
     async def next_batch(self) -> Batch | None:
         """Wait for the next batch; None once the queue is closed and empty."""
@@ -620,8 +670,9 @@ class BatchQueue:
 
     def record(self, batch: Batch, seconds: float) -> None:
         """Feed a finished batch's latency to the cost model."""
-        self.cost.observe(batch.size, batch.padded_length, seconds)
         a = 0.2
+        self.excess_s += a * (seconds - self.cost.predict(batch.size, batch.padded_length) - self.excess_s)
+        self.cost.observe(batch.size, batch.padded_length, seconds)
         self.recent_batch_s = (
             seconds if self.recent_batch_s == 0 else (1 - a) * self.recent_batch_s + a * seconds
         )

@@ -110,8 +110,8 @@ async def test_token_budget_limits_padded_tokens(make_queue, make_item):
 
 
 async def test_efficiency_keeps_short_items_out_of_a_long_batch(make_queue, make_item):
-    # One bucket for everything: only the efficiency score keeps the 10-token items out of the batch that is
-    # padded to 200 tokens (their ideal cost is a twentieth of their padded cost).
+    # One bucket for everything: only the estimated cost keeps the 10-token items out of the batch that is
+    # padded to 200 tokens (padded, each costs twenty times its own time; the least-time plan splits).
     q = make_queue(max_batch_size=16, buckets=[256], max_length=256, token_budget=100_000)
     seed, near = make_item(200), make_item(190)
     shorts = [make_item(10) for _ in range(8)]
