@@ -500,8 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--chunk-size",
         type=parse_size,
-        default=16 << 20,
-        help="ranged-GET size for large objects, also the threshold (default 16Mi)",
+        default=8 << 20,
+        help="ranged-GET size for large objects, also the threshold (default 8Mi, as boto3)",
     )
     p.add_argument("--connect-timeout", type=_positive(float), default=10.0, help="seconds (default 10)")
     p.add_argument("--read-timeout", type=_positive(float), default=60.0, help="seconds (default 60)")

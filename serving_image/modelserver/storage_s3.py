@@ -548,8 +548,8 @@ def dir_digest_of(file_sha256: Mapping[str, str]) -> str:
 class TransferOptions:
     #: objects at least this large are fetched as parallel ranged GETs of ``chunk_size`` (a multipart
     #: object: of its upload part size, so that each GET's MD5 is one part's)
-    threshold: int = 16 * MiB
-    chunk_size: int = 16 * MiB
+    threshold: int = 8 * MiB
+    chunk_size: int = 8 * MiB
     #: the bound on concurrent requests, all objects together
     concurrency: int = 10
     #: s3transfer's own retries of a body that broke off mid-stream
