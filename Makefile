@@ -88,6 +88,7 @@ demo: deps
 
 bench-serving: venv
 	$(PY) -m bench.serving
+	$(PY) -m bench.serving_cpu
 	$(PY) -m bench.serving_shadow
 
 # the shadow mirror's cost alone (also part of bench-serving)

@@ -1,7 +1,11 @@
-"""HTTP: the Open Inference Protocol v2 REST API as a plain ASGI application (run by uvicorn).
+"""HTTP: the Open Inference Protocol v2 REST API on FastAPI (served by uvicorn, see server.py).
 
-A hand-rolled router instead of a web framework keeps the per-request CPU cost low (the server-overhead
-target is <= 200 us of CPU per request); the OpenAPI document is served at ``/openapi.json``.
+FastAPI routes the requests, generates the OpenAPI document (``/openapi.json``) from the pydantic models of
+:mod:`modelserver.protocol`, and its exception handlers turn every error into ``{"error": "..."}`` (4xx for
+bad input, 503 + ``Retry-After`` on overload). The infer routes are raw (:class:`RawRoute`): FastAPI
+documents them, Starlette hands them the ``Request`` and sends the ``Response`` they return, and the body
+is decoded and the answer encoded by :mod:`modelserver.protocol` with orjson -- no dependency solving and no
+model validation per request (server CPU target: <= 200 us per request, ``bench/serving_cpu.py``).
 """
 
 from __future__ import annotations
@@ -15,104 +19,347 @@ import re
 import time
 import uuid
 import zlib
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
+from fastapi.routing import APIRoute
+from starlette.background import BackgroundTask
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import request_response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
 from .batching import BatchingError
-from .errors import InvalidInput, NotFound, ServerError
+from .errors import InvalidInput, NotFound, NotReady, PayloadTooLarge, ServerError, UnsupportedEncoding
 from .logs import request_id_var
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from .openapi import openapi_document
-from .protocol import decode_request, encode_response
+from .protocol import (
+    ErrorResponse,
+    InferenceRequest,
+    InferenceResponse,
+    LiveResponse,
+    ModelMetadataResponse,
+    ModelReadyResponse,
+    ModelStatistics,
+    ReadyResponse,
+    ServerMetadataResponse,
+    decode_request,
+    encode_response,
+)
 from .service import ModelService
 from .shadow import ShadowMirror
 
 log = logging.getLogger("modelserver.http")
 
 MAX_BODY = 64 * 1024 * 1024
-JSON = b"application/json"
+JSON = "application/json"
 _RID_OK = re.compile(r"^[\x21-\x7e]{1,128}$")
-
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-@dataclass
-class Reply:
-    status: int
-    body: bytes
-    content_type: bytes = JSON
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
-    #: an answered infer request the shadow mirror may copy: (body, header length, outputs)
-    shadow: tuple[bytes, str | None, dict[str, Any]] | None = None
-
-
-def json_reply(status: int, doc: Any, headers: list[tuple[bytes, bytes]] | None = None) -> Reply:
-    return Reply(status, orjson.dumps(doc), JSON, headers or [])
-
-
-def error_reply(status: int, message: str, retry_after: float | None = None) -> Reply:
-    headers = []
-    if retry_after is not None:
-        headers.append((b"retry-after", str(max(1, math.ceil(retry_after))).encode()))
-    return Reply(status, orjson.dumps({"error": message}), JSON, headers)
-
 
 #: the revision this server belongs to (the operator sets MODELDEPLOY_REVISION on the server container),
 #: sent back on every response so a client behind a Service or a gateway can tell who answered
 REVISION_HEADER = b"x-modeldeploy-revision"
 
-_MODEL_RE = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(?:/(ready|infer|config|stats))?$")
+
+def json_response(status: int, doc: Any, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(doc), status, headers, JSON)
 
 
-class ModelServerApp:
-    """ASGI application. ``service`` is created by the caller; ``startup`` loads it in the background."""
+def error_response(status: int, message: str, retry_after: float | None = None) -> Response:
+    headers = None if retry_after is None else {"retry-after": str(max(1, math.ceil(retry_after)))}
+    return json_response(status, {"error": message}, headers)
+
+
+# -- the {"error": ...} contract: FastAPI's exception handlers -----------------------------------------------
+
+
+async def _server_error(request: Request, exc: ServerError | BatchingError) -> Response:
+    """A :class:`ServerError` or a :class:`BatchingError`: its status, ``Retry-After`` on 429 and 503."""
+    retry_after = exc.retry_after if exc.status in (429, 503) else None
+    return error_response(exc.status, str(exc), retry_after)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """Routing's own errors: no route (404), a wrong method (405, with ``Allow``)."""
+    method, path = request.scope["method"], request.scope["path"]
+    if exc.status_code == 404:
+        message = f"no route for {method} {path}"
+    elif exc.status_code == 405:
+        message = "use POST for infer" if path.endswith("/infer") else f"method {method} not allowed"
+    else:
+        message = str(exc.detail)
+    return json_response(exc.status_code, {"error": message}, exc.headers)
+
+
+async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
+    """Never raised today (every path parameter is a string); 400 like every other bad input."""
+    parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+    return error_response(400, "; ".join(parts) or "invalid request")
+
+
+EXCEPTION_HANDLERS: dict[Any, Callable[[Request, Any], Any]] = {
+    ServerError: _server_error,
+    BatchingError: _server_error,
+    HTTPException: _http_error,
+    RequestValidationError: _invalid_request,
+}
+
+_ERRORS: dict[int | str, str] = {
+    400: "Invalid input",
+    404: "Unknown model or version",
+    413: "Input longer than the maximum sequence length, or body too large",
+    415: "Unsupported content encoding",
+    429: "The deadline cannot be met (Retry-After)",
+    500: "The model failed on this input",
+    503: "Queue full, not ready, or draining (Retry-After)",
+    504: "The deadline expired while queued",
+    "4XX": "Any other client error, e.g. 405 for a wrong method",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses: these errors and every other 4xx, all ``{"error": ...}``."""
+    keys: tuple[int | str, ...] = (*codes, "4XX")
+    return {c: {"model": ErrorResponse, "description": _ERRORS[c]} for c in keys}
+
+
+# -- request context: request id, revision header, infer metrics ---------------------------------------------
+
+
+class RequestContext:
+    """Pure ASGI middleware around every HTTP request: the request id (the caller's ``X-Request-ID`` when it
+    is printable ASCII of at most 128 characters, else a new one) in the logging context and on the
+    response, with the revision header; the request metrics and the failure log of infer requests; HEAD
+    served as GET. An unexpected exception is logged and answered 500, never passed on to uvicorn."""
+
+    def __init__(self, app: ASGIApp, server: ModelServerApp) -> None:
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        rid = None
+        for k, v in scope["headers"]:
+            if k == b"x-request-id":
+                s = v.decode("latin-1")
+                if _RID_OK.match(s):
+                    rid = s
+        if rid is None:
+            rid = uuid.uuid4().hex
+        added = [(b"x-request-id", rid.encode()), *self.server.revision_header]
+        status = 0
+
+        async def send_with_ids(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message["headers"], *added]
+            await send(message)
+
+        method = scope["method"]
+        if method == "HEAD":
+            scope = {**scope, "method": "GET"}
+        token = request_id_var.set(rid)
+        try:
+            await self.app(scope, receive, send_with_ids)
+        except ClientDisconnect:
+            return  # nobody to answer
+        except Exception:
+            log.exception("unhandled error")
+            if not status:
+                await error_response(500, "internal server error")(scope, receive, send_with_ids)
+        finally:
+            request_id_var.reset(token)
+        if method == "POST" and scope["path"].endswith("/infer"):
+            dt = time.perf_counter() - t0
+            self.server.service.metrics.observe_request(status, dt)
+            if status >= 400:
+                log.info("infer failed", extra={"request_id": rid, "status": status, "seconds": round(dt, 6)})
+            elif log.isEnabledFor(logging.DEBUG):
+                log.debug("infer", extra={"request_id": rid, "status": status, "seconds": round(dt, 6)})
+
+
+# -- the raw route -------------------------------------------------------------------------------------------
+
+
+class RawRoute(APIRoute):
+    """A path operation FastAPI documents from its declaration (the endpoint's path parameters,
+    ``openapi_extra``, ``response_model``, ``responses``) and Starlette serves raw: the endpoint is called
+    with the ``Request`` and its path parameters and returns the ``Response`` it built; FastAPI solves no
+    dependencies, validates nothing and serialises nothing on the way. Exceptions still go to the
+    application's exception handlers."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        super().__init__(path, endpoint, **kwargs)
+
+        async def serve(request: Request) -> Response:
+            return await endpoint(request, **request.path_params)
+
+        self.app = request_response(serve)
+
+
+async def read_body(receive: Receive) -> bytes:
+    chunks = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        b = msg.get("body", b"")
+        size += len(b)
+        if size > MAX_BODY:
+            raise PayloadTooLarge(f"request body larger than {MAX_BODY} bytes")
+        chunks.append(b)
+        if not msg.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _offer(mirror: ShadowMirror, body: bytes, header_len: str | None, rid: str, outputs: Any) -> None:
+    mirror.offer(body, header_len, rid, outputs)
+
+
+#: the infer operations' request: the raw route reads the body itself, so it is documented here
+INFER_OPENAPI: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": "X-Request-ID",
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string", "maxLength": 128},
+        },
+        {
+            "name": "Inference-Header-Content-Length",
+            "in": "header",
+            "required": False,
+            "description": "binary tensor extension: the length of the JSON part of the body",
+            "schema": {"type": "integer", "minimum": 0},
+        },
+    ],
+    "requestBody": {
+        "required": True,
+        "content": {JSON: {"schema": {"$ref": "#/components/schemas/InferenceRequest"}}},
+    },
+}
+
+
+# -- the application -----------------------------------------------------------------------------------------
+
+
+class ModelServerApp(FastAPI):
+    """The server's FastAPI application. ``service`` is created by the caller; the lifespan's startup loads
+    it in the background (liveness answers at once, readiness once the model is warm)."""
 
     def __init__(self, service: ModelService, mirror: ShadowMirror | None = None) -> None:
+        super().__init__(
+            title="modelserver (Open Inference Protocol v2)",
+            version=__version__,
+            openapi_url="/openapi.json",
+            docs_url=None,
+            redoc_url=None,
+            redirect_slashes=False,
+            lifespan=self._lifespan,
+            exception_handlers=EXCEPTION_HANDLERS,
+            # FastAPI's OpenTelemetry hooks are off: the server's metrics are its own Prometheus ones, and
+            # the per-request check for a configured provider alone costs CPU on the hot path
+            telemetry={"tracing": False, "metrics": False, "logs": False},
+        )
         self.service = service
-        self.name = service.name
-        self.version = service.version
+        self.model_name = service.name  # (FastAPI's own ``version`` is the API's)
+        self.model_version = service.version
         self.mirror = mirror
-        self._openapi: bytes | None = None
         self.load_task: asyncio.Task[None] | None = None
         self.watch_task: asyncio.Task[None] | None = None
         self.on_load_failure: Callable[[BaseException], None] | None = None
         revision = os.environ.get("MODELDEPLOY_REVISION", "")
-        self._revision = [(REVISION_HEADER, revision.encode())] if _RID_OK.match(revision) else []
+        self.revision_header = [(REVISION_HEADER, revision.encode())] if _RID_OK.match(revision) else []
+        self.add_middleware(RequestContext, server=self)
+        self._add_routes()
 
-    # -- ASGI -------------------------------------------------------------------------------------------
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        t = scope["type"]
-        if t == "http":
-            await self._http(scope, receive, send)
-        elif t == "lifespan":
-            await self._lifespan(receive, send)
+    def _add_routes(self) -> None:
+        model, version = "/v2/models/{model_name}", "/v2/models/{model_name}/versions/{model_version}"
+        infer_errors = errors(400, 404, 413, 415, 429, 500, 503, 504)
+        for path, endpoint in ((model, self.infer), (version, self.infer_version)):  # first: the hot path
+            self.router.add_api_route(
+                path + "/infer",
+                endpoint,
+                methods=["POST"],
+                summary="Run inference",
+                response_model=InferenceResponse,
+                responses=infer_errors,
+                openapi_extra=INFER_OPENAPI,
+                route_class_override=RawRoute,
+            )
+        get = self.add_api_route
+        get("/v2/health/live", self.live, summary="Liveness", response_model=LiveResponse, responses=errors())
+        get(
+            "/v2/health/ready",
+            self.ready,
+            summary="Readiness",
+            response_model=ReadyResponse,
+            responses={503: {"model": ReadyResponse, "description": "Not ready"}, **errors()},
+        )
+        get("/v2", self.server_metadata, summary="Server metadata", response_model=ServerMetadataResponse)
+        get("/v2/", self.server_metadata, include_in_schema=False)
+        metadata: dict[str, Any] = {"response_model": ModelMetadataResponse, "responses": errors(404, 503)}
+        get(model, self.model_metadata, summary="Model metadata", **metadata)
+        get(version, self.model_version_metadata, summary="Model version metadata", **metadata)
+        readiness: dict[str, Any] = {
+            "response_model": ModelReadyResponse,
+            "responses": {503: {"model": ModelReadyResponse, "description": "Not ready"}, **errors(404)},
+        }
+        get(model + "/ready", self.model_ready, summary="Model readiness", **readiness)
+        get(version + "/ready", self.model_version_ready, summary="Model version readiness", **readiness)
+        config: dict[str, Any] = {"response_model": dict[str, Any], "responses": errors(404, 503)}
+        get(model + "/config", self.model_configuration, summary="Triton-style model configuration", **config)
+        get(version + "/config", self.model_version_configuration, include_in_schema=False, **config)
+        stats: dict[str, Any] = {"response_model": ModelStatistics, "responses": errors(404, 503)}
+        summary = "Batching state: queue depth, buckets, token budget, cost model"
+        get(model + "/stats", self.model_stats, summary=summary, **stats)
+        get(version + "/stats", self.model_version_stats, include_in_schema=False, **stats)
+        get(
+            "/metrics",
+            self.metrics,
+            summary="Prometheus metrics",
+            response_class=PlainTextResponse,
+            responses={200: {"description": "Prometheus text format"}},
+        )
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                loop = asyncio.get_running_loop()
-                self.load_task = loop.create_task(self._load())
-                shadow_file = self.service.settings.shadow_file
-                if self.mirror is not None and shadow_file:
-                    self.watch_task = loop.create_task(self.mirror.watch(Path(shadow_file)))
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await self.service.drain()
-                if self.watch_task is not None:
-                    self.watch_task.cancel()
-                if self.mirror is not None:
-                    await self.mirror.drain()
-                    await self.mirror.close()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document plus the infer request's schema (the raw routes read their body themselves,
+        so FastAPI has not collected its model; ``INFER_OPENAPI`` refers to it)."""
+        if self.openapi_schema is None:
+            doc = super().openapi()
+            body = InferenceRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            schemas.update(body.pop("$defs", {}))
+            schemas["InferenceRequest"] = body
+        return self.openapi_schema  # type: ignore[return-value]
+
+    # -- lifespan ---------------------------------------------------------------------------------------
+    @asynccontextmanager
+    async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        self.load_task = loop.create_task(self._load())
+        shadow_file = self.service.settings.shadow_file
+        if self.mirror is not None and shadow_file:
+            self.watch_task = loop.create_task(self.mirror.watch(Path(shadow_file)))
+        yield
+        await self.service.drain()
+        if self.watch_task is not None:
+            self.watch_task.cancel()
+        if self.mirror is not None:
+            await self.mirror.drain()
+            await self.mirror.close()
 
     async def _load(self) -> None:
         try:
@@ -128,198 +375,132 @@ class ModelServerApp:
             if self.on_load_failure is not None:
                 self.on_load_failure(e)
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        t0 = time.perf_counter()
-        rid = None
-        header_len = None
-        encoding = None
-        for k, v in scope["headers"]:
-            if k == b"x-request-id":
-                s = v.decode("latin-1")
-                if _RID_OK.match(s):
-                    rid = s
-            elif k == b"inference-header-content-length":
+    # -- infer (raw) ------------------------------------------------------------------------------------
+    async def infer(self, request: Request, model_name: str) -> Response:
+        return await self._infer(request, model_name, None)
+
+    async def infer_version(self, request: Request, model_name: str, model_version: str) -> Response:
+        return await self._infer(request, model_name, model_version)
+
+    async def _infer(self, request: Request, name: str, version: str | None) -> Response:
+        svc = self.service
+        self._check_model(name, version)
+        header_len = encoding = None
+        for k, v in request.scope["headers"]:
+            if k == b"inference-header-content-length":
                 header_len = v.decode("latin-1")
             elif k == b"content-encoding":
                 encoding = v.decode("latin-1").strip().lower()
-        if rid is None:
-            rid = uuid.uuid4().hex
-        token = request_id_var.set(rid)
-        method = scope["method"]
-        path = scope["path"]
-        is_infer = False
-        try:
-            if path.endswith("/infer") and method == "POST":
-                is_infer = True
-                reply = await self._infer(path, receive, header_len, encoding, rid)
-            else:
-                reply = await self._route(method, path, receive)
-        except Exception:
-            log.exception("unhandled error")
-            reply = error_reply(500, "internal server error")
-        finally:
-            request_id_var.reset(token)
-        headers = [
-            (b"content-type", reply.content_type),
-            (b"content-length", str(len(reply.body)).encode()),
-            (b"x-request-id", rid.encode()),
-            *self._revision,
-            *reply.headers,
-        ]
-        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
-        await send({"type": "http.response.body", "body": reply.body})
-        if reply.shadow is not None and self.mirror is not None:
-            self.mirror.offer(reply.shadow[0], reply.shadow[1], rid, reply.shadow[2])
-        if is_infer:
-            dt = time.perf_counter() - t0
-            self.service.metrics.observe_request(reply.status, dt)
-            if reply.status >= 400:
-                log.info(
-                    "infer failed",
-                    extra={"request_id": rid, "status": reply.status, "seconds": round(dt, 6)},
-                )
-            elif log.isEnabledFor(logging.DEBUG):
-                log.debug("infer", extra={"request_id": rid, "status": reply.status, "seconds": round(dt, 6)})
-
-    async def _body(self, receive: Receive) -> bytes:
-        chunks = []
-        size = 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                raise asyncio.CancelledError("client disconnected")
-            b = msg.get("body", b"")
-            size += len(b)
-            if size > MAX_BODY:
-                raise ServerError(f"request body larger than {MAX_BODY} bytes")
-            chunks.append(b)
-            if not msg.get("more_body", False):
-                break
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    # -- routes -----------------------------------------------------------------------------------------
-    def _check_model(self, name: str, version: str | None) -> None:
-        if name != self.name:
-            raise NotFound(f"unknown model '{name}'; this server serves '{self.name}'")
-        if version is not None and version != self.version:
-            raise NotFound(
-                f"unknown version '{version}' of model '{name}'; this server serves '{self.version}'"
-            )
-
-    async def _infer(
-        self, path: str, receive: Receive, header_len: str | None, encoding: str | None, rid: str
-    ) -> Reply:
-        svc = self.service
-        try:
-            m = _MODEL_RE.match(path)
-            if m is None or m.group(3) != "infer":
-                raise NotFound(f"no route for POST {path}")
-            self._check_model(m.group(1), m.group(2))
+        body = await read_body(request.receive)
+        if encoding in ("gzip", "deflate"):
             try:
-                body = await self._body(receive)
-            except ServerError as e:
-                return error_reply(413, str(e))
-            if encoding in ("gzip", "deflate"):
-                try:
-                    body = gzip.decompress(body) if encoding == "gzip" else zlib.decompress(body)
-                except (OSError, zlib.error, EOFError) as e:
-                    raise InvalidInput(f"cannot decode {encoding} body: {e}") from None
-            elif encoding not in (None, "identity"):
-                return error_reply(415, f"unsupported content-encoding {encoding}")
-            svc.check_admitting()
-            info = svc.model.info
-            req = decode_request(body, header_len, {s.name: s for s in info.inputs})
-            if req.outputs is not None:
-                known = {s.name for s in info.outputs}
-                for o in req.outputs:
-                    if o not in known:
-                        raise InvalidInput(f"unknown output '{o}'; the model has {sorted(known)}")
-            outputs = await svc.infer(req.inputs, req.priority, req.timeout_ms, rid)
-            payload, hlen = encode_response(self.name, self.version, req, outputs)
-            shadow = None
-            if self.mirror is not None and self.mirror.active:
-                answered = outputs if req.outputs is None else {o: outputs[o] for o in req.outputs}
-                shadow = (body, header_len, answered)
-            if hlen is None:
-                return Reply(200, payload, shadow=shadow)
-            return Reply(
-                200,
-                payload,
-                b"application/octet-stream",
-                [(b"inference-header-content-length", str(hlen).encode())],
-                shadow=shadow,
-            )
-        except (ServerError, BatchingError) as e:
-            return error_reply(e.status, str(e), e.retry_after if e.status in (429, 503) else None)
-
-    async def _route(self, method: str, path: str, receive: Receive) -> Reply:
-        svc = self.service
-        if path == "/v2/health/live":
-            return self._only_get(method) or json_reply(200, {"live": True})
-        if path == "/v2/health/ready":
-            if bad := self._only_get(method):
-                return bad
-            if svc.ready:
-                return json_reply(200, {"ready": True})
-            return json_reply(503, {"ready": False, "error": f"not ready: {svc.state}"})
-        if path == "/metrics":
-            if bad := self._only_get(method):
-                return bad
-            return Reply(200, svc.metrics.exposition(), METRICS_CONTENT_TYPE.encode())
-        if path in ("/v2", "/v2/"):
-            if bad := self._only_get(method):
-                return bad
-            return json_reply(
-                200, {"name": "modelserver", "version": __version__, "extensions": ["binary_tensor_data"]}
-            )
-        if path == "/openapi.json":
-            if bad := self._only_get(method):
-                return bad
-            if self._openapi is None:
-                self._openapi = orjson.dumps(openapi_document(svc))
-            return Reply(200, self._openapi)
-        m = _MODEL_RE.match(path)
-        if m is None:
-            return error_reply(404, f"no route for {method} {path}")
-        name, version, action = m.group(1), m.group(2), m.group(3)
-        if action == "infer":
-            return error_reply(405, "use POST for infer")
-        if bad := self._only_get(method):
-            return bad
-        try:
-            self._check_model(name, version)
-        except NotFound as e:
-            return error_reply(404, str(e))
-        if action == "ready":
-            if svc.ready:
-                return json_reply(200, {"name": self.name, "ready": True})
-            return json_reply(503, {"name": self.name, "ready": False, "error": f"not ready: {svc.state}"})
-        if not svc.ready and svc.state != "draining":
-            return error_reply(503, f"model is not ready ({svc.state})", 5.0)
+                body = gzip.decompress(body) if encoding == "gzip" else zlib.decompress(body)
+            except (OSError, zlib.error, EOFError) as e:
+                raise InvalidInput(f"cannot decode {encoding} body: {e}") from None
+        elif encoding not in (None, "identity"):
+            raise UnsupportedEncoding(f"unsupported content-encoding {encoding}")
+        svc.check_admitting()
         info = svc.model.info
-        if action == "config":
-            return json_reply(200, self._triton_config())
-        if action == "stats":
-            return json_reply(200, self._stats())
-        return json_reply(
+        req = decode_request(body, header_len, {s.name: s for s in info.inputs})
+        if req.outputs is not None:
+            known = {s.name for s in info.outputs}
+            for o in req.outputs:
+                if o not in known:
+                    raise InvalidInput(f"unknown output '{o}'; the model has {sorted(known)}")
+        rid = request_id_var.get() or ""  # set by RequestContext
+        outputs = await svc.infer(req.inputs, req.priority, req.timeout_ms, rid)
+        payload, hlen = encode_response(self.model_name, self.model_version, req, outputs)
+        copy = None  # the shadow copy, offered once the answer is sent
+        mirror = self.mirror
+        if mirror is not None and mirror.active:
+            answered = outputs if req.outputs is None else {o: outputs[o] for o in req.outputs}
+            copy = BackgroundTask(_offer, mirror, body, header_len, rid, answered)
+        if hlen is None:
+            return Response(payload, 200, None, JSON, copy)
+        headers = {"inference-header-content-length": str(hlen)}
+        return Response(payload, 200, headers, "application/octet-stream", copy)
+
+    # -- typed routes -----------------------------------------------------------------------------------
+    async def live(self) -> Response:
+        return json_response(200, {"live": True})
+
+    async def ready(self) -> Response:
+        svc = self.service
+        if svc.ready:
+            return json_response(200, {"ready": True})
+        return json_response(503, {"ready": False, "error": f"not ready: {svc.state}"})
+
+    async def server_metadata(self) -> Response:
+        return json_response(
+            200, {"name": "modelserver", "version": __version__, "extensions": ["binary_tensor_data"]}
+        )
+
+    async def metrics(self) -> Response:
+        return Response(self.service.metrics.exposition(), media_type=METRICS_CONTENT_TYPE)
+
+    async def model_metadata(self, model_name: str) -> Response:
+        return self._metadata(model_name, None)
+
+    async def model_version_metadata(self, model_name: str, model_version: str) -> Response:
+        return self._metadata(model_name, model_version)
+
+    async def model_ready(self, model_name: str) -> Response:
+        return self._model_ready(model_name, None)
+
+    async def model_version_ready(self, model_name: str, model_version: str) -> Response:
+        return self._model_ready(model_name, model_version)
+
+    async def model_configuration(self, model_name: str) -> Response:
+        self._check_loaded(model_name, None)
+        return json_response(200, self._triton_config())
+
+    async def model_version_configuration(self, model_name: str, model_version: str) -> Response:
+        self._check_loaded(model_name, model_version)
+        return json_response(200, self._triton_config())
+
+    async def model_stats(self, model_name: str) -> Response:
+        self._check_loaded(model_name, None)
+        return json_response(200, self._stats())
+
+    async def model_version_stats(self, model_name: str, model_version: str) -> Response:
+        self._check_loaded(model_name, model_version)
+        return json_response(200, self._stats())
+
+    def _check_model(self, name: str, version: str | None) -> None:
+        if name != self.model_name:
+            raise NotFound(f"unknown model '{name}'; this server serves '{self.model_name}'")
+        if version is not None and version != self.model_version:
+            raise NotFound(
+                f"unknown version '{version}' of model '{name}'; this server serves '{self.model_version}'"
+            )
+
+    def _check_loaded(self, name: str, version: str | None) -> None:
+        self._check_model(name, version)
+        svc = self.service
+        if not svc.ready and svc.state != "draining":
+            raise NotReady(f"model is not ready ({svc.state})", retry_after=5.0)
+
+    def _model_ready(self, name: str, version: str | None) -> Response:
+        self._check_model(name, version)
+        if self.service.ready:
+            return json_response(200, {"name": self.model_name, "ready": True})
+        state = self.service.state
+        return json_response(503, {"name": self.model_name, "ready": False, "error": f"not ready: {state}"})
+
+    def _metadata(self, name: str, version: str | None) -> Response:
+        self._check_loaded(name, version)
+        info = self.service.model.info
+        return json_response(
             200,
             {
-                "name": self.name,
-                "versions": [self.version],
+                "name": self.model_name,
+                "versions": [self.model_version],
                 "platform": info.platform,
                 "inputs": [s.as_dict() for s in info.inputs],
                 "outputs": [s.as_dict() for s in info.outputs],
                 "parameters": {k: v for k, v in info.extra.items() if isinstance(v, (str, int, float, bool))},
             },
         )
-
-    @staticmethod
-    def _only_get(method: str) -> Reply | None:
-        if method in ("GET", "HEAD"):
-            return None
-        r = error_reply(405, f"method {method} not allowed")
-        r.headers.append((b"allow", b"GET"))
-        return r
 
     def _triton_config(self) -> dict[str, Any]:
         s = self.service.settings
@@ -329,7 +510,7 @@ class ModelServerApp:
             return shape[1:]
 
         return {
-            "name": self.name,
+            "name": self.model_name,
             "platform": info.platform,
             "max_batch_size": s.max_batch_size,
             "input": [
@@ -363,8 +544,8 @@ class ModelServerApp:
         svc = self.service
         q = svc.queue
         return {
-            "model": self.name,
-            "version": self.version,
+            "model": self.model_name,
+            "version": self.model_version,
             "state": svc.state,
             "queue_depth": q.depth if q else 0,
             "buckets": q.buckets.bounds if q else [],

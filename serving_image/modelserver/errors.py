@@ -24,6 +24,16 @@ class NotFound(ServerError):
     reason = "not_found"
 
 
+class PayloadTooLarge(ServerError):
+    status = 413
+    reason = "too_large"
+
+
+class UnsupportedEncoding(ServerError):
+    status = 415
+    reason = "encoding"
+
+
 class NotReady(ServerError):
     status = 503
     reason = "not_ready"

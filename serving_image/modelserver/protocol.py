@@ -1,4 +1,9 @@
-"""Open Inference Protocol v2 (KServe / Triton) request decoding and response encoding.
+"""Open Inference Protocol v2 (KServe / Triton): its documents as pydantic models, and the request decoder
+and response encoder the infer route uses.
+
+The models describe the protocol in the OpenAPI document FastAPI generates (``/openapi.json``); the infer
+route does not validate with them per request: :func:`decode_request` parses the body straight into numpy
+arrays and :func:`encode_response` writes the answer with orjson.
 
 Supports JSON tensors and Triton's binary tensor data extension: a request whose header
 ``Inference-Header-Content-Length`` is N carries N bytes of JSON followed by the raw bytes of every input that
@@ -12,13 +17,159 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+from pydantic.json_schema import SkipJsonSchema
 
 from .errors import InvalidInput
 from .models.base import DTYPES, TensorSpec, datatype_of
+
+# -- the protocol's documents (OpenAPI only; never validated per request) ------------------------------------
+
+Datatype = Literal[
+    "BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
+    "BYTES",
+]  # fmt: skip
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+def optional(description: str | None = None, **constraints: Any) -> Any:
+    """A field that may be left out (documented without a ``null`` default)."""
+    return Field(None, description=description, json_schema_extra=_no_default, **constraints)
+
+
+#: free-form parameters (an object; may be left out)
+Parameters = dict[str, Any] | SkipJsonSchema[None]
+
+
+class RequestInput(BaseModel):
+    """One input tensor: `data` flat or nested in row-major order, or `parameters.binary_data_size` bytes of
+    the body's binary part (binary tensor extension)."""
+
+    name: str
+    shape: list[NonNegativeInt]
+    datatype: Datatype
+    parameters: Parameters = optional()
+    data: list[Any]
+
+
+class RequestOutput(BaseModel):
+    """A requested output (`parameters.binary_data`: answer it as binary data)."""
+
+    name: str
+    parameters: Parameters = optional()
+
+
+class InferenceParameters(BaseModel):
+    """Request parameters: the server's own, and any others (ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    priority: NonNegativeInt | SkipJsonSchema[None] = optional("0 = the server's default; 1 is the highest")
+    timeout_ms: float | SkipJsonSchema[None] = optional(
+        "deadline in milliseconds (capped by the server)", gt=0
+    )
+    binary_data_output: bool | SkipJsonSchema[None] = optional("every output as binary data")
+
+
+class InferenceRequest(BaseModel):
+    """The inference request (`$inference_request`)."""
+
+    id: str | SkipJsonSchema[None] = optional()
+    parameters: InferenceParameters | SkipJsonSchema[None] = optional()
+    inputs: list[RequestInput] = Field(min_length=1)
+    outputs: list[RequestOutput] | SkipJsonSchema[None] = optional("the outputs to answer, in this order")
+
+
+class ResponseOutput(BaseModel):
+    """One output tensor: `data` (flat, row-major) or `parameters.binary_data_size` binary bytes."""
+
+    name: str
+    shape: list[int]
+    datatype: Datatype
+    parameters: Parameters = optional()
+    data: list[Any] | SkipJsonSchema[None] = optional()
+
+
+class InferenceResponse(BaseModel):
+    """The inference response (`$inference_response`); with binary outputs the body is this JSON followed by
+    their bytes, and `Inference-Header-Content-Length` is the JSON's length."""
+
+    model_name: str
+    model_version: str
+    id: str | SkipJsonSchema[None] = optional()
+    outputs: list[ResponseOutput]
+
+
+class MetadataTensor(BaseModel):
+    """A tensor of the model (`$metadata_tensor`): -1 is a variable dimension; the first is the batch."""
+
+    name: str
+    datatype: Datatype
+    shape: list[int]
+
+
+class ModelMetadataResponse(BaseModel):
+    """The model's metadata (`$metadata_model_response`)."""
+
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[MetadataTensor]
+    outputs: list[MetadataTensor]
+    parameters: dict[str, str | int | float | bool]
+
+
+class ServerMetadataResponse(BaseModel):
+    """The server's metadata (`$metadata_server_response`)."""
+
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class LiveResponse(BaseModel):
+    live: bool
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+    error: str | SkipJsonSchema[None] = optional()
+
+
+class ModelReadyResponse(BaseModel):
+    name: str
+    ready: bool
+    error: str | SkipJsonSchema[None] = optional()
+
+
+class ModelStatistics(BaseModel):
+    """The batching state (not part of the protocol)."""
+
+    model: str
+    version: str
+    state: str
+    queue_depth: int
+    buckets: list[int]
+    token_budget: int
+    cost_model: list[float]
+    batches: int
+    cache_entries: int
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx and 5xx answer."""
+
+    error: str
+
+
+# -- the infer route's decoder and encoder -------------------------------------------------------------------
 
 MAX_PRIORITY = 1 << 16
 

@@ -16,7 +16,7 @@ from .logs import setup_logging, shutdown_logging
 log = logging.getLogger("modelserver")
 
 
-def _uvicorn_server(app: object, settings: Settings) -> object:
+def uvicorn_server(app: object, settings: Settings) -> object:
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -61,7 +61,7 @@ async def serve(settings: Settings) -> int:
     if settings.shadow_file:
         mirror = ShadowMirror(settings.model_name, service.metrics)
     app = ModelServerApp(service, mirror)
-    server = _uvicorn_server(app, settings)
+    server = uvicorn_server(app, settings)
     exit_code = 0
     loop = asyncio.get_running_loop()
     draining: asyncio.Task[None] | None = None

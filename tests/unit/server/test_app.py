@@ -256,3 +256,42 @@ async def test_deadline_504_and_429():
     finally:
         await c.aclose()
         await svc.drain()
+
+
+async def test_openapi_is_generated_from_the_protocol_models(client):
+    doc = (await client.get("/openapi.json")).json()
+    schemas = doc["components"]["schemas"]
+    ops = {f"{m.upper()} {p}": op for p, item in doc["paths"].items() for m, op in item.items()}
+    assert len(ops) == 12  # the hidden aliases (/v2/, versions/{v}/config|stats) are not documented
+    infer = ops["POST /v2/models/{model_name}/infer"]
+    body = infer["requestBody"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": "#/components/schemas/InferenceRequest"}
+    assert schemas["InferenceRequest"]["required"] == ["inputs"]
+    assert "BYTES" in schemas["RequestInput"]["properties"]["datatype"]["enum"]
+    assert infer["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/InferenceResponse"
+    )
+    assert {"400", "404", "413", "415", "429", "500", "503", "504"} <= set(infer["responses"])
+    assert all("422" not in op["responses"] for op in ops.values())  # bad input is 400, not FastAPI's 422
+
+    def refs(node):
+        if isinstance(node, dict):
+            yield from (v for k, v in node.items() if k == "$ref")
+            for v in node.values():
+                yield from refs(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from refs(v)
+
+    assert all(r.removeprefix("#/components/schemas/") in schemas for r in refs(doc))
+
+
+async def test_head_is_served_as_get_and_a_wrong_method_names_the_allowed_one(client):
+    r = await client.head("/v2/health/ready")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    r = await client.post("/v2/models/echo/ready")
+    assert r.status_code == 405 and r.headers["allow"] == "GET" and r.json()["error"]
+    r = await client.get("/v2/models/echo/infer")
+    assert r.status_code == 405 and r.json() == {"error": "use POST for infer"}
+    assert (await client.get("/v2/")).json()["name"] == "modelserver"
+    assert (await client.get("/v2/models/echo/versions/3/stats")).json()["model"] == "echo"

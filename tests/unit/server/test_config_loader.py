@@ -61,6 +61,12 @@ def test_unknown_file_key_is_an_error(tmp_path: Path):
         load_settings(["--config", str(cfg)], environ={})
 
 
+def test_other_environment_variables_are_ignored_and_booleans_read_as_words():
+    env = {"MODELSERVER_MODEL_URI": "noop://", "MODELSERVER_NOT_A_SETTING": "x", "MODELSERVER_WARMUP": "off"}
+    s = load_settings(["--model-name", "m"], environ=env)
+    assert s.warmup is False and s.model_uri == "noop://"
+
+
 def test_every_setting_has_an_env_var():
     rows = settings_table()
     assert ("--model-uri", "MODELSERVER_MODEL_URI") in [(r[0], r[1]) for r in rows]
