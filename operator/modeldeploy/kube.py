@@ -220,6 +220,7 @@ class Kube:
 
     # -------------------------------------------------------------------------------- reads
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> dict[str, Any] | None:
+        metrics.READS.labels(kind=rt.kind, verb="get").inc()
         try:
             return self.request("GET", rt.path(namespace, name))
         except KubeError as e:
@@ -232,6 +233,7 @@ class Kube:
     ) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         query: dict[str, Any] = {"labelSelector": label_selector, "limit": 500}
+        metrics.READS.labels(kind=rt.kind, verb="list").inc()
         while True:
             page = self.request("GET", rt.path(namespace), query=query)
             for item in page.get("items", []):

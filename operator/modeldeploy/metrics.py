@@ -18,6 +18,13 @@ RECONCILE_DURATION = Histogram(
 WRITES = Counter(
     "modeldeploy_writes_total", "Write requests sent to the apiserver, by kind and verb.", ["kind", "verb"]
 )
+READS = Counter(
+    "modeldeploy_reads_total",
+    "Read requests sent to the apiserver, by kind and verb (children come from the watches: no LIST).",
+    ["kind", "verb"],
+)
+for _kind in ("Deployment", "Service", "PodDisruptionBudget", "Pod"):
+    READS.labels(kind=_kind, verb="list")  # present at 0: "none" is a measurement, not a missing series
 EVENTS = Counter(
     "modeldeploy_events_total", "Kubernetes events posted, by type and reason.", ["type", "reason"]
 )

@@ -31,6 +31,7 @@ import kopf
 from . import api, metrics
 from . import builders as b
 from . import kube as k
+from .childcache import ChildCache, index_key
 from .controller import Controller, PeeringGate
 from .reconciler import Reconciler
 
@@ -80,7 +81,22 @@ def build_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
     return settings
 
 
-def build_registry(controller: Controller, *, watch_httproutes: bool = True) -> kopf.OperatorRegistry:
+KIND_OF_PLURAL = {
+    "deployments": k.DEPLOYMENT.kind,
+    "services": k.SERVICE.kind,
+    "poddisruptionbudgets": k.PDB.kind,
+    "pods": k.POD.kind,
+    "httproutes": k.HTTPROUTE.kind,
+}
+
+
+def index_id(plural: str) -> str:
+    return f"children_{plural}"
+
+
+def build_registry(
+    controller: Controller, *, watch_httproutes: bool = True, cache: ChildCache | None = None
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -104,6 +120,32 @@ def build_registry(controller: Controller, *, watch_httproutes: bool = True) -> 
             owner = labels.get(b.LABEL_NAME)
             if owner and namespace:
                 controller.enqueue((namespace, owner))
+
+    if cache is not None:
+        # the children in memory (modeldeploy.childcache): kopf fills these indices from its initial
+        # listing before any other handler runs, and keeps them current from the same watches
+        plurals = [plural for _, _, plural in child_resources(watch_httproutes)]
+        for group, version, plural in child_resources(watch_httproutes):
+
+            @kopf.index(
+                group,
+                version,
+                plural,
+                labels={b.LABEL_NAME: kopf.PRESENT},
+                id=index_id(plural),
+                registry=registry,
+            )
+            def child_index(
+                namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
+            ) -> dict[Any, Any]:
+                key = index_key(namespace, labels)
+                return {key: dict(body)} if key is not None else {}
+
+        @kopf.on.startup(registry=registry)
+        async def attach_cache(**kwargs: Any) -> None:
+            cache.attach(
+                asyncio.get_running_loop(), {KIND_OF_PLURAL[p]: kwargs[index_id(p)] for p in plurals}
+            )
 
     @kopf.on.probe(id="queue", registry=registry)
     def queue_probe(**_: Any) -> dict[str, Any]:
@@ -191,7 +233,8 @@ async def run(args: argparse.Namespace) -> None:
     kube = k.Kube.from_environment(pool_size=max(4, args.workers * 2))
     if not args.standalone and args.create_peering:
         await asyncio.to_thread(ensure_peering, kube, args.peering_name, args.namespace)
-    reconciler = Reconciler(kube, instance=ident, prometheus_url=args.prometheus_url)
+    cache = ChildCache()
+    reconciler = Reconciler(kube, instance=ident, prometheus_url=args.prometheus_url, cache=cache)
     gate = PeeringGate(
         kube,
         identity=ident,
@@ -202,7 +245,7 @@ async def run(args: argparse.Namespace) -> None:
         standalone=args.standalone,
     )
     controller = Controller(reconciler.reconcile, workers=args.workers, gate=gate)
-    registry = build_registry(controller, watch_httproutes=args.watch_httproutes)
+    registry = build_registry(controller, watch_httproutes=args.watch_httproutes, cache=cache)
     settings = build_settings(args)
     metrics.serve(args.metrics_port, args.bind_host)
     liveness = f"http://{args.bind_host}:{args.health_port}/healthz" if args.health_port else None

@@ -21,6 +21,7 @@ from . import metrics
 from .analysis import Judgement, PrometheusAnalyzer, Query, Sample, agreement_queries, judge, window
 from .api import API_VERSION, KIND, Condition, ModelDeployment, ModelDeploymentStatus
 from .canary import COMMAND_ANNOTATION, AnalysisRequest
+from .childcache import ChildCache
 from .diff import Path, mismatches, needs_apply
 from .plan import EventSpec, Observed, Plan, error_status, plan
 from .status import DEGRADED, ConditionSpec, merge_conditions, status_patch, utcnow
@@ -86,8 +87,11 @@ class Reconciler:
         clock: Callable[[], datetime] = utcnow,
         prometheus_url: str = "http://127.0.0.1:9090",
         analyzer: Callable[[str], Analyzer] | None = None,
+        cache: ChildCache | None = None,
     ):
         self.kube = kube
+        # children from the watches (no LIST per reconcile); None: LIST them
+        self.cache = cache
         self.instance = instance
         self.clock = clock
         self.prometheus_url = prometheus_url
@@ -101,12 +105,19 @@ class Reconciler:
     # -------------------------------------------------------------------------------- observe
     def observe(self, namespace: str, name: str, routes: bool = False, autoscaler: bool = False) -> Observed:
         selector = f"{b.LABEL_NAME}={name}"
+        cache = self.cache
+
+        def children(rt: k.ResourceType) -> list[dict[str, Any]]:
+            if cache is not None and cache.serves(rt.kind):
+                return cache.children(rt, namespace, name)
+            return self.kube.list(rt, namespace, selector)
+
         return Observed(
-            deployments=self.kube.list(k.DEPLOYMENT, namespace, selector),
-            services=self.kube.list(k.SERVICE, namespace, selector),
-            pdbs=self.kube.list(k.PDB, namespace, selector),
-            pods=self.kube.list(k.POD, namespace, selector),
-            routes=self.kube.list(k.HTTPROUTE, namespace, selector) if routes else [],
+            deployments=children(k.DEPLOYMENT),
+            services=children(k.SERVICE),
+            pdbs=children(k.PDB),
+            pods=children(k.POD),
+            routes=children(k.HTTPROUTE) if routes else [],
             scaled_objects=self._scaled_objects(namespace, selector) if autoscaler else [],
         )
 
@@ -228,6 +239,8 @@ class Reconciler:
                     ) from e
                 raise
             result.writes += 1
+            if self.cache is not None:
+                self.cache.wrote(answer)
             rewritten = frozenset(mismatches(obj, answer))
             if rewritten:
                 log.warning("%s %s/%s: the apiserver rewrote %s", obj["kind"], ns, key[1], sorted(rewritten))
@@ -244,7 +257,10 @@ class Reconciler:
 
         for d in p.delete:
             rt = k.BY_KIND[d.kind]
-            if self.kube.delete(rt, ns, d.name, uid=d.uid or None):
+            deleted = self.kube.delete(rt, ns, d.name, uid=d.uid or None)
+            if self.cache is not None:
+                self.cache.gone(d.kind, ns, d.name, d.uid or None, name)
+            if deleted:
                 result.writes += 1
                 self._normalized.pop((d.kind, ns, d.name), None)
                 self.event(raw, EventSpec("Normal", "Deleted", f"deleted {d.kind} {d.name}"))
@@ -282,7 +298,11 @@ class Reconciler:
             "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
         try:
-            self.kube.strategic_patch(k.POD, namespace, pod, {"status": {"conditions": [cond]}}, sub="status")
+            answer = self.kube.strategic_patch(
+                k.POD, namespace, pod, {"status": {"conditions": [cond]}}, sub="status"
+            )
+            if self.cache is not None:
+                self.cache.wrote({"kind": "Pod", **answer})
             return True
         except k.KubeError as e:
             if e.status == 404:
@@ -291,7 +311,9 @@ class Reconciler:
 
     def set_pod_annotation(self, namespace: str, pod: str, key: str, value: str | None) -> bool:
         try:
-            self.kube.merge_patch(k.POD, namespace, pod, {"metadata": {"annotations": {key: value}}})
+            answer = self.kube.merge_patch(k.POD, namespace, pod, {"metadata": {"annotations": {key: value}}})
+            if self.cache is not None:
+                self.cache.wrote({"kind": "Pod", **answer})
             return True
         except k.KubeError as e:
             if e.status == 404:

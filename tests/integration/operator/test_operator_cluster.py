@@ -247,6 +247,37 @@ def test_idle_and_restarted_operator_write_nothing(kube, operator: OperatorProce
     assert operator.metric("modeldeploy_reconciles_total", result="changed") == 0
 
 
+def test_reconciles_observe_children_from_the_watches_not_from_lists(
+    kube, operator: OperatorProcess, namespace
+):
+    """Steady state and after a restart: reconciles read Deployments, Services, PDBs and Pods from the
+    watch-fed cache (kopf's indices), so the operator sends no LIST for them."""
+    kinds = ("Deployment", "Service", "PodDisruptionBudget", "Pod")
+
+    def lists() -> float:
+        return sum(operator.metric("modeldeploy_reads_total", kind=kd, verb="list") for kd in kinds)
+
+    def reconciles() -> float:
+        return operator.metric("modeldeploy_reconciles_total")
+
+    wait_ready_noop(kube, operator, namespace, "cached", replicas=2)
+    before_lists, before = lists(), reconciles()
+    for i in range(3):  # each edit is a watch event, hence a reconcile
+        kube.kubectl("annotate", "-n", namespace, "md/cached", f"example.com/touch={i}", "--overwrite")
+        time.sleep(0.5)
+    wait_for(lambda: reconciles() >= before + 3, timeout=30, what="reconciles after the edits")
+    assert lists() == before_lists == 0
+    # a restarted operator starts from kopf's initial listing: complete before the first reconcile, so
+    # the status it computes is the one already written (a partial view would rewrite it)
+    version = md(kube, namespace, "cached")["metadata"]["resourceVersion"]
+    operator.restart()
+    wait_for(operator.healthy, timeout=60, what="operator back")
+    wait_for(lambda: reconciles() >= 1, timeout=60, what="a reconcile after the restart")
+    time.sleep(3)  # every ModelDeployment's first reconcile
+    assert lists() == 0
+    assert md(kube, namespace, "cached")["metadata"]["resourceVersion"] == version
+
+
 def test_unschedulable_pods_are_reported(kube, operator, namespace):
     kube.apply(
         noop_md("greedy", resources={"gpu": 16, "cpu": "100m", "memory": "128Mi"}), namespace=namespace

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from modeldeploy import cli, operator
+from modeldeploy.childcache import ChildCache
 from modeldeploy.controller import Controller, PeeringGate
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -210,6 +211,17 @@ def test_registry_has_thin_event_handlers_and_no_finalizer():
     assert len(off._watching.get_all_handlers()) == 5
     assert not reg._changing.get_all_handlers()  # no change handlers: no progress or diff-base writes
     assert not reg._spawning.get_all_handlers()  # no daemons/timers: no finalizer
+
+
+def test_children_are_indexed_for_the_child_cache():
+    """Every watched kind of child is also indexed (kopf fills indices before any other handler runs),
+    and a startup handler hands the indices to the cache."""
+    reg = operator.build_registry(Controller(lambda ns, n: None), cache=ChildCache())
+    indexed = {h.selector.any_name for h in reg._indexing.get_all_handlers() if h.selector is not None}
+    assert indexed == {"deployments", "services", "poddisruptionbudgets", "pods", "httproutes"}
+    assert {h.id for h in reg._indexing.get_all_handlers()} == {operator.index_id(p) for p in indexed}
+    assert len(reg._activities.get_all_handlers()) >= 2  # login + attaching the cache
+    assert not operator.build_registry(Controller(lambda ns, n: None))._indexing.get_all_handlers()
 
 
 def test_cli_status_view():
