@@ -692,10 +692,11 @@ class AutoscalingSpec(_Model):
 
     min_replicas: int = Field(default=1, ge=1, le=1000, description="Never fewer serving pods.")
     max_replicas: int = Field(ge=1, le=1000, description="Never more serving pods.")
-    metric: Literal["queueWaitP90", "queueDepth", "requestRate"] = Field(
-        default="queueWaitP90",
-        description="queueWaitP90: the 90th percentile of the batching queue wait (seconds, all pods); "
-        "queueDepth: items waiting per pod; requestRate: requests per second per pod.",
+    metric: Literal["concurrency", "queueWaitP90", "queueDepth", "requestRate"] = Field(
+        default="concurrency",
+        description="concurrency: requests in the server (queued or running) per pod; queueWaitP90: the 90th "
+        "percentile of the batching queue wait (seconds, all pods); queueDepth: items waiting per pod; "
+        "requestRate: requests per second per pod.",
     )
     target: float = Field(
         gt=0, description="The value per pod (queueDepth, requestRate) or overall (queueWaitP90) to hold."

@@ -8,6 +8,9 @@ Deployment's replicas -- the operator owns every Deployment, the HPA owns one nu
 The serving signals come from the server's metrics contract, summed over every pod of the
 ModelDeployment (warm pods wait for nothing, so they do not dilute the signal):
 
+* ``concurrency`` (the default, as Knative's and KServe's): requests in the servers (queued or running), per
+  pod -- an ``AverageValue`` target (``ceil(total / target)`` pods). Proportional to the load (Little's
+  law), so it neither oscillates nor needs a queue to form before it scales;
 * ``queueWaitP90``: the 90th percentile of the batching queue wait over ``window`` -- a ``Value`` target
   (the HPA scales by ``current x p90 / target``);
 * ``queueDepth``: items waiting, per pod -- an ``AverageValue`` target (``ceil(total / target)`` pods);
@@ -38,6 +41,8 @@ def query(md: ModelDeployment, spec: AutoscalingSpec) -> tuple[str, str]:
         q = f"histogram_quantile(0.9, sum by (le) ({rate}))"
         # no traffic: NaN; KEDA treats a NaN as an error -- the empty queue waits 0 s
         return f"({q}) or vector(0)", "Value"
+    if spec.metric == "concurrency":
+        return f"sum(modelserver_inflight_requests{{{sel}}}) or vector(0)", "AverageValue"
     if spec.metric == "queueDepth":
         return f"sum(modelserver_queue_depth{{{sel}}}) or vector(0)", "AverageValue"
     return f"sum(rate(modelserver_requests_total{{{sel}}}[{win}])) or vector(0)", "AverageValue"

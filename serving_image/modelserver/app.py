@@ -168,6 +168,10 @@ class RequestContext:
         method = scope["method"]
         if method == "HEAD":
             scope = {**scope, "method": "GET"}
+        infer = method == "POST" and scope["path"].endswith("/infer")
+        inflight = self.server.service.metrics.inflight
+        if infer:
+            inflight.inc()
         token = request_id_var.set(rid)
         try:
             await self.app(scope, receive, send_with_ids)
@@ -179,7 +183,9 @@ class RequestContext:
                 await error_response(500, "internal server error")(scope, receive, send_with_ids)
         finally:
             request_id_var.reset(token)
-        if method == "POST" and scope["path"].endswith("/infer"):
+            if infer:
+                inflight.dec()
+        if infer:
             dt = time.perf_counter() - t0
             self.server.service.metrics.observe_request(status, dt)
             if status >= 400:

@@ -76,6 +76,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         ).labels(*lv)
+        self.inflight = Gauge(
+            "modelserver_inflight_requests",
+            "Inference requests received and not yet answered (queued or running)",
+            labels,
+            registry=r,
+        ).labels(*lv)
         self.queue_depth = Gauge(
             "modelserver_queue_depth", "Items waiting in the batching queue", labels, registry=r
         ).labels(*lv)

@@ -19,6 +19,10 @@ def md(**over) -> ModelDeployment:
     return ModelDeployment.from_api(body)
 
 
+def test_concurrency_is_the_default_signal():
+    assert AutoscalingSpec.model_validate({"maxReplicas": 3, "target": 2}).metric == "concurrency"
+
+
 def test_bounds_are_checked():
     with pytest.raises(ValidationError, match="minReplicas must not exceed maxReplicas"):
         AutoscalingSpec.model_validate({"minReplicas": 4, "maxReplicas": 2, "target": 1})
@@ -53,6 +57,7 @@ def test_scaled_object_targets_the_modeldeployment_scale_subresource():
 @pytest.mark.parametrize(
     ("metric", "series", "kind"),
     [
+        ("concurrency", "modelserver_inflight_requests", "AverageValue"),
         ("queueDepth", "modelserver_queue_depth", "AverageValue"),
         ("requestRate", "modelserver_requests_total", "AverageValue"),
     ],

@@ -175,6 +175,28 @@ async def test_metrics_contract(client):
         assert needle in text, needle
 
 
+async def test_inflight_counts_infer_requests_until_answered():
+    """The concurrency an autoscaler scales on: requests in the server (queued or running), back to 0."""
+    c, svc = await make_client("--model-uri", "noop://?delay_ms=300", "--max-batch-size", "1")
+    try:
+        gauge = svc.metrics.inflight
+        reqs = [asyncio.create_task(c.post("/v2/models/echo/infer", json=body([t]))) for t in "abc"]
+        for _ in range(200):
+            if gauge._value.get() == 3:
+                break
+            await asyncio.sleep(0.005)
+        assert gauge._value.get() == 3
+        await c.get("/v2/health/ready")  # not an infer request: not counted
+        assert gauge._value.get() == 3
+        assert [r.status_code for r in await asyncio.gather(*reqs)] == [200, 200, 200]
+        await c.post("/v2/models/echo/infer", content=b"{")  # refused: counted while it was in, then out
+        assert gauge._value.get() == 0
+        assert 'modelserver_inflight_requests{model="echo",version="3"} 0.0' in (await c.get("/metrics")).text
+    finally:
+        await c.aclose()
+        await svc.drain()
+
+
 async def test_cache_serves_repeats_without_the_model():
     c, svc = await make_client("--cache-size", "16")
     try:
