@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +30,16 @@ PVC_DIR = "/mnt/pvc"
 CA_VOLUME = "s3-ca"
 CA_DIR = "/etc/modeldeploy/s3-ca"
 CACHE_VOLUME = "model-cache"
-#: on the node: the directory the fetch containers of every pod share
+#: on the node: the directory the fetch containers of every pod share (``$MODELDEPLOY_NODE_CACHE_PATH``)
 CACHE_HOST_PATH = "/var/lib/modeldeploy/model-cache"
+
+
+def cache_host_path() -> str:
+    """The node cache's hostPath: ``$MODELDEPLOY_NODE_CACHE_PATH`` (the chart's ``nodeCache.hostPath``) or
+    :data:`CACHE_HOST_PATH`."""
+    return os.environ.get("MODELDEPLOY_NODE_CACHE_PATH") or CACHE_HOST_PATH
+
+
 #: in the fetch container
 CACHE_DIR = "/var/cache/modeldeploy/models"
 TERMINATION_LOG = "/dev/termination-log"
@@ -137,7 +146,7 @@ def _s3(
     if storage.node_cache is not None and storage.node_cache.enabled:
         mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_DIR})
         volumes.append(
-            {"name": CACHE_VOLUME, "hostPath": {"path": CACHE_HOST_PATH, "type": "DirectoryOrCreate"}}
+            {"name": CACHE_VOLUME, "hostPath": {"path": cache_host_path(), "type": "DirectoryOrCreate"}}
         )
         # the kubelet creates a hostPath directory as root, 0755, and fsGroup does not apply to hostPath:
         # only root can write the shared cache. The fetch still drops every capability but the file

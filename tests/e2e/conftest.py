@@ -43,6 +43,8 @@ def start_operator(kube: Kube, log_path: Path) -> tuple[subprocess.Popen[bytes],
         **os.environ,
         "KUBECONFIG": str(kube.kubeconfig),
         "MODELDEPLOY_PROMETHEUS_URL": kube.cluster.prometheus_url,
+        # both fake nodes are this machine: the node cache goes with the cluster's state
+        "MODELDEPLOY_NODE_CACHE_PATH": str(kube.cluster.state_dir / "node-cache"),
         "MODELDEPLOY_STANDALONE": "1",
         "MODELDEPLOY_BIND_HOST": "127.0.0.1",
         "MODELDEPLOY_METRICS_PORT": str(_free_port()),

@@ -82,6 +82,7 @@ class Demo:
             **os.environ,
             "KUBECONFIG": str(self.cluster.kubeconfig),
             "MODELDEPLOY_PROMETHEUS_URL": self.cluster.prometheus_url,
+            "MODELDEPLOY_NODE_CACHE_PATH": str(self.cluster.state_dir / "node-cache"),
             "MODELDEPLOY_STANDALONE": "1",
             "MODELDEPLOY_METRICS_PORT": "0",
             "MODELDEPLOY_HEALTH_PORT": "0",

@@ -123,6 +123,13 @@ def test_node_cache_is_a_hostpath_shared_by_the_fetch_containers_of_a_node():
     assert all(m["name"] != "model-cache" for m in server["volumeMounts"])
 
 
+def test_the_node_cache_directory_is_the_operators_setting(monkeypatch):
+    monkeypatch.setenv("MODELDEPLOY_NODE_CACHE_PATH", "/data/model-cache")
+    model = {**S3_MODEL, "storage": {**S3_MODEL["storage"], "nodeCache": {}}}
+    vol = next(v for v in pod_spec(make_md(model))["volumes"] if v["name"] == "model-cache")
+    assert vol["hostPath"]["path"] == "/data/model-cache"
+
+
 def test_storage_settings_are_part_of_the_revision():
     a = make_md(S3_MODEL)
     b2 = make_md({**S3_MODEL, "storage": {**S3_MODEL["storage"], "endpoint": "http://other:9000"}})
