@@ -144,7 +144,14 @@ def running_cluster(state_dir: Path) -> Cluster | None:
     )
 
 
-def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True) -> Cluster:
+def keda_enabled() -> bool:
+    """Whether ``up`` starts KEDA (and its metrics server behind the aggregation layer): unless
+    ``$LOCALCLUSTER_KEDA`` is ``0``."""
+    return os.environ.get("LOCALCLUSTER_KEDA", "1") != "0"
+
+
+def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True, keda: bool | None = None) -> Cluster:
+
     existing = running_cluster(state_dir)
     if existing is not None:
         return existing
@@ -164,7 +171,9 @@ def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True) -> Cluste
     rec.save()
     starter = _Starter(layout, rec)
     try:
-        _bring_up(starter, layout, rec, bin_dir, net, timeout, audit)
+        _bring_up(
+            starter, layout, rec, bin_dir, net, timeout, audit, keda_enabled() if keda is None else keda
+        )
     except BaseException:
         down(state_dir, keep_logs_on_error=True)
         raise
@@ -181,6 +190,7 @@ def _bring_up(
     net: podnet.PodNetwork,
     timeout: float,
     audit: bool,
+    keda: bool = True,
 ) -> None:
     ports = rec.ports
     deadline = time.monotonic() + timeout
@@ -222,6 +232,16 @@ def _bring_up(
     )
     if not (bin_dir / "traefik").exists():
         raise ClusterError(f"no traefik in {bin_dir} (tools/build-binaries.sh builds it)")
+    front_proxy_ca, proxy_client = _front_proxy(layout)
+    if keda:
+        for b in ("keda-operator", "keda-adapter", "keda-config"):
+            if not (bin_dir / b).exists():
+                raise ClusterError(f"no {b} in {bin_dir} (tools/build-binaries.sh builds it)")
+    # KEDA runs in the pod network too and authenticates as its ServiceAccount's user (a client
+    # certificate for system:serviceaccount:keda:keda-operator), the subject of its own RBAC.
+    keda_kcfg = client_kubeconfig(
+        "keda", config.KEDA_USER, "system:serviceaccounts", at=f"https://{net.host_ip}:{ports['apiserver']}"
+    )
     try:
         proxy_mode = config.proxy_mode(
             have_nft=shutil.which("nft") is not None, have_iptables=shutil.which("iptables") is not None
@@ -254,7 +274,8 @@ def _bring_up(
             service_cidr=net.service_cidr,
             audit_log=audit_log,
             audit_policy=audit_policy,
-        ),
+        )
+        + config.aggregation_layer_args(front_proxy_ca=front_proxy_ca, proxy_client=proxy_client),
     )
     admin_pair = KeyPair(layout.pki / "admin.crt", layout.pki / "admin.key")
     ctx = ssl.create_default_context(cafile=str(ca.pair.cert))
@@ -444,6 +465,7 @@ def _bring_up(
         [*net.exec_prefix(), *config.traefik_args(bin_dir, listen_ip=net.anchor_ip)],
         env={"KUBECONFIG": str(traefik_kcfg)},
     )
+    keda_api_service = _start_keda(starter, api, layout, bin_dir, net, ca, keda_kcfg, left) if keda else None
     proxy_healthz = f"http://{net.anchor_ip}:{config.KUBE_PROXY_HEALTHZ_PORT}/healthz"
     starter.wait_for("kube-proxy", lambda: httpx.get(proxy_healthz, timeout=1).status_code == 200, left())
     starter.wait_for(
@@ -454,11 +476,92 @@ def _bring_up(
     gw_ns, gw_name = config.GATEWAY_NAMESPACE, config.GATEWAY_NAME
     gateway = f"/apis/gateway.networking.k8s.io/v1/namespaces/{gw_ns}/gateways/{gw_name}"
     starter.wait_for("traefik", lambda: config.gateway_programmed(api.get(gateway)), left())
+    if keda_api_service:
+        # Available: the apiserver reached the adapter through the aggregation layer.
+        starter.wait_for(
+            "keda-adapter", lambda: config.api_service_available(api.get(keda_api_service)), left()
+        )
     rec.gateway_url = f"http://{net.anchor_ip}:{config.GATEWAY_PORT}"
     rec.save()
     layout.prometheus_url_file.write_text(rec.prometheus_url + "\n")
     layout.gateway_url_file.write_text(rec.gateway_url + "\n")
     api.close()
+
+
+def _front_proxy(layout: Layout) -> tuple[Path, KeyPair]:
+    """The aggregation layer's front-proxy CA (a CA of its own: every certificate it signs may assert
+    any user to an extension server) and the client certificate the apiserver proxies with."""
+    front = CertificateAuthority(layout.pki / "front-proxy", common_name="modeldeploy-front-proxy-ca")
+    return front.pair.cert, front.issue("front-proxy-client", config.FRONT_PROXY_CLIENT)
+
+
+def _start_keda(
+    starter: _Starter,
+    api: KubeAPI,
+    layout: Layout,
+    bin_dir: Path,
+    net: podnet.PodNetwork,
+    ca: CertificateAuthority,
+    kubeconfig_path: Path,
+    left: Callable[[], float],
+) -> str:
+    """KEDA's CRDs, RBAC, Service, EndpointSlice and APIService (all from its module's ``config/``), then
+    keda-operator and keda-adapter inside the pod network. Returns the APIService's path (to wait on)."""
+    kcfg = bin_dir / "keda-config"
+    crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    crds: list[str] = []
+    for doc in config.keda_crds(kcfg / "crd"):
+        api.create(crd_path, doc)
+        crds.append(doc["metadata"]["name"])
+    for path, obj in config.keda_metrics_objects(
+        kcfg, ca_bundle=ca.pair.cert.read_bytes(), endpoint_ip=net.anchor_ip
+    ):
+        api.create(path, obj)
+    for path, obj in config.keda_rbac(kcfg):  # after its namespace
+        api.create(path, obj)
+    # One certificate for both: the operator's gRPC server and the adapter's client (mutual TLS, each
+    # checks the other against ca.crt), and the adapter's HTTPS (the apiserver checks it against the
+    # APIService's caBundle, by the Service's DNS name).
+    svc_dns = tuple(
+        f"{name}.{config.KEDA_NAMESPACE}.svc{suffix}"
+        for name in ("keda-operator", config.KEDA_METRICS_SERVICE)
+        for suffix in ("", ".cluster.local")
+    )
+    pair = ca.issue("keda-serving", "keda", server_ips=(net.anchor_ip,), server_dns=svc_dns)
+    cert_dir = layout.pki / "keda-certs"
+    cert_dir.mkdir(exist_ok=True)
+    for src, name in ((ca.pair.cert, "ca.crt"), (pair.cert, "tls.crt"), (pair.key, "tls.key")):
+        shutil.copyfile(src, cert_dir / name)
+    (cert_dir / "tls.key").chmod(0o600)
+
+    def established() -> bool:
+        for name in crds:
+            crd = api.get(f"{crd_path}/{name}") or {}
+            if not any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in (crd.get("status") or {}).get("conditions") or []
+            ):
+                return False
+        return True
+
+    starter.wait_for("kube-apiserver", established, left())  # the operator's informers need them
+    env = config.keda_env(kubeconfig_path)
+    starter.start(
+        "keda-operator",
+        [*net.exec_prefix(), *config.keda_operator_args(bin_dir, listen_ip=net.anchor_ip, cert_dir=cert_dir)],
+        env=env,
+    )
+    starter.start(
+        "keda-adapter",
+        [
+            *net.exec_prefix(),
+            *config.keda_adapter_args(
+                bin_dir, listen_ip=net.anchor_ip, cert_dir=cert_dir, kubeconfig_path=kubeconfig_path
+            ),
+        ],
+        env=env,
+    )
+    return f"/apis/apiregistration.k8s.io/v1/apiservices/{config.KEDA_APISERVICE}"
 
 
 def _signal(pid: int, sig: int) -> None:

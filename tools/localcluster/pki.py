@@ -40,17 +40,18 @@ def _name(cn: str, org: str | None = None) -> x509.Name:
 
 
 class CertificateAuthority:
-    """A self-signed CA that issues the cluster's serving and client certificates."""
+    """A self-signed CA that issues the cluster's serving and client certificates (``ca.crt``/``ca.key`` in
+    ``directory``). The cluster has two: its own, and the aggregation layer's front-proxy CA."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, common_name: str = "modeldeploy-localcluster-ca") -> None:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self._key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         self._cert = (
             x509.CertificateBuilder()
-            .subject_name(_name("modeldeploy-localcluster-ca"))
-            .issuer_name(_name("modeldeploy-localcluster-ca"))
+            .subject_name(_name(common_name))
+            .issuer_name(_name(common_name))
             .public_key(self._key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
