@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned local-cluster binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kube-proxy, kubectl, etcd, kwok, helm, prometheus, traefik) from the Go modules under tools/ and caches them
+# kube-proxy, kubectl, etcd, kwok, helm, prometheus, traefik, versitygw) from the Go modules under tools/ and caches them
 # outside the repository. Each binary is keyed by its version and a hash of its module's go.mod/go.sum and build
 # flags, so fresh clones reuse them and a change rebuilds only what it touches.
 # Prints the directory holding all of them (symlinks into the store) on stdout.
@@ -18,6 +18,7 @@ PROMETHEUS_VERSION=v0.316.0   # Prometheus 3.16.0
 GATEWAY_API_VERSION=v1.6.3
 TRAEFIK_VERSION=v3.6.12       # must match tools/traefik/go.mod
 KEDA_VERSION=v2.21.0          # must match tools/keda/go.mod
+VERSITYGW_VERSION=v1.8.0      # must match tools/versitygw/go.mod
 cache="${MODELDEPLOY_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modeldeploy}"
 store="$cache/store"
 mkdir -p "$store"
@@ -141,6 +142,9 @@ build prometheus prometheus "$PROMETHEUS_VERSION" github.com/prometheus/promethe
   "-X github.com/prometheus/common/version.Version=$pv -X github.com/prometheus/common/version.Branch=HEAD"
 build_traefik
 build_keda
+# versitygw's go.mod has no replace directives: built like the others from its wrapper module.
+build versitygw versitygw "$VERSITYGW_VERSION" github.com/versity/versitygw/cmd/versitygw \
+  "-X main.Version=$VERSITYGW_VERSION -X main.Build=module -X main.BuildTime=none"
 
 # kwok needs Stage documents; copy the ones its module ships.
 kwok_stages="$store/kwok-stages-$KWOK_VERSION"

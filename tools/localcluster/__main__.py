@@ -24,6 +24,7 @@ def _cmd_up(state_dir: Path) -> int:
     print(f"prometheus: {cluster.prometheus_url}")
     print(f"service ClusterIPs: {cluster.service_cidr} (kube-proxy answers there, from this host too)")
     print(f"gateway: {cluster.gateway_url} (Traefik; Gateway gateway-system/public-gateway)")
+    print(f"object store: {cluster.s3_url} (versitygw; credentials in {state_dir / 's3-credentials.json'})")
     print(f"use it with: kubectl --kubeconfig {cluster.kubeconfig} get nodes")
     return 0
 
@@ -45,6 +46,7 @@ def _cmd_status(state_dir: Path) -> int:
         return 1
     print(f"kubeconfig: {cluster.kubeconfig}\nprometheus: {cluster.prometheus_url}")
     print(f"gateway: {cluster.gateway_url}")
+    print(f"object store: {cluster.s3_url}")
     return 0
 
 

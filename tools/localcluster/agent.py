@@ -26,6 +26,7 @@ Pods of other images are left to kwok's simulated stages.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import datetime as dt
 import json
@@ -46,14 +47,33 @@ import yaml
 from . import images
 from .kubeapi import KubeAPI, KubeError
 from .podnet import PodNetwork
-from .podstatus import ContainerState, PodState, desired_status, status_differs
+from .podstatus import (
+    MAX_TERMINATION_MESSAGE_BYTES,
+    PODINITIALIZING,
+    ContainerState,
+    PodState,
+    desired_status,
+    status_differs,
+    termination_message,
+)
 from .probes import ProbeTracker, run_probe
-from .volumes import Mount, PodVolumes, VolumeError, container_mounts, wrap_command
+from .volumes import (
+    Mount,
+    PodVolumes,
+    VolumeError,
+    check_mount_path,
+    container_mounts,
+    keep_paths,
+    wrap_command,
+)
 
 log = logging.getLogger("localcluster.agent")
 
 TICK_S = 0.2
 MAX_BACKOFF_S = 10.0
+VOLUME_RETRY_S = 1.0  # between attempts to provide a pod's volumes
+REFRESH_S = 5.0  # between re-reads of a pod's configMap and secret volumes
+DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 
 
 def now_rfc3339() -> str:
@@ -95,11 +115,17 @@ def _kill_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
+class ConfigError(RuntimeError):
+    """A container's configuration cannot be made (a missing Secret or ConfigMap key): the kubelet's
+    ``CreateContainerConfigError``, retried."""
+
+
 class ContainerRunner:
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], *, init: bool = False, has_init: bool = False) -> None:
         self.spec = spec
+        self.init = init
         self.argv = images.command_for(spec)
-        self.state = ContainerState(name=spec["name"], image=spec["image"])
+        self.state = ContainerState(name=spec["name"], image=spec["image"], init=init)
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup = ProbeTracker(spec.get("startupProbe"), result=False)
         self.readiness = ProbeTracker(spec.get("readinessProbe"), result=False)
@@ -107,7 +133,13 @@ class ContainerRunner:
         self.restart_at = 0.0
         self.backoff = 1.0
         self.mounts: list[Mount] = []
-        self.error: str | None = None  # why the container cannot start (a volume the agent refuses)
+        self.error: str | None = None  # why the container can never start (a mount the agent refuses)
+        self.ever_started = False
+        self.log_offset = 0  # where this run's output starts in the container's log file
+
+    @property
+    def name(self) -> str:
+        return str(self.spec["name"])
 
 
 class PodRunner:
@@ -121,31 +153,24 @@ class PodRunner:
         agent.net.add_pod_ip(self.ip)
         self.dir = agent.state_dir / "pods" / f"{self.ns}_{self.name}_{self.uid[:8]}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.containers = [ContainerRunner(c) for c in pod["spec"]["containers"]]
-        self.volumes = PodVolumes(pod, self.dir / "volumes")
-        for c in self.containers:
-            if c.argv is None:
-                continue
-            try:
-                c.mounts, skipped = container_mounts(c.spec, self.volumes)
-            except VolumeError as exc:
-                c.error = str(exc)
-                continue
-            if skipped:
-                log.info(
-                    "%s/%s container %s: volume types other than downwardAPI are not mounted: %s",
-                    self.ns,
-                    self.name,
-                    c.spec["name"],
-                    ", ".join(skipped),
-                )
+        spec = pod["spec"]
+        self.init_containers = [ContainerRunner(c, init=True) for c in spec.get("initContainers") or []]
+        self.containers = [ContainerRunner(c) for c in spec["containers"]]
+        if self.init_containers:
+            for c in self.containers:
+                c.state.waiting_reason = PODINITIALIZING
+        self.initialized = not self.init_containers
+        self.volumes = PodVolumes(pod, self.dir / "volumes", lookup=self._lookup)
         self.state = PodState(
-            pod_ip=self.ip, start_time=now_rfc3339(), containers=[c.state for c in self.containers]
+            pod_ip=self.ip,
+            start_time=now_rfc3339(),
+            containers=[c.state for c in self.containers],
+            init_containers=[c.state for c in self.init_containers],
         )
         self._lock = threading.Lock()
         self._gone = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"pod-{self.ns}/{self.name}", daemon=True)
-        self._env_cache: dict[str, str] | None = None
+        self._next_refresh = 0.0
 
     def start(self) -> None:
         self._thread.start()
@@ -166,8 +191,16 @@ class PodRunner:
     def path(self) -> str:
         return f"/api/v1/namespaces/{self.ns}/pods/{self.name}"
 
+    @property
+    def all_containers(self) -> list[ContainerRunner]:
+        return [*self.init_containers, *self.containers]
+
+    def _lookup(self, path: str) -> dict[str, Any] | None:
+        return self.agent.api.get(path, ok_missing=True)
+
     # ----- process management -------------------------------------------------------------------
     def _env(self, container: dict[str, Any]) -> dict[str, str]:
+        """The container's environment; :class:`ConfigError` when a referenced object or key is missing."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "KUBERNETES_"))}
         env.update({"HOSTNAME": self.name, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         entry = images.entry_for(container["image"])
@@ -176,6 +209,8 @@ class PodRunner:
         sa_kubeconfig = self._service_account_kubeconfig()
         if sa_kubeconfig:
             env["KUBECONFIG"] = str(sa_kubeconfig)
+        for src in container.get("envFrom") or []:
+            env.update(self._env_from(src))
         for e in container.get("env") or []:
             if "value" in e:
                 env[e["name"]] = str(e["value"])
@@ -183,7 +218,32 @@ class PodRunner:
                 value = self._value_from(e["valueFrom"])
                 if value is not None:
                     env[e["name"]] = value
+            else:
+                env[e["name"]] = ""
         return env
+
+    def _object(self, kind: str, name: str) -> dict[str, Any] | None:
+        plural = "secrets" if kind == "Secret" else "configmaps"
+        return self.agent.api.get(f"/api/v1/namespaces/{self.ns}/{plural}/{name}", ok_missing=True)
+
+    @staticmethod
+    def _data(kind: str, obj: dict[str, Any]) -> dict[str, str]:
+        if kind == "Secret":
+            return {k: base64.b64decode(v).decode() for k, v in (obj.get("data") or {}).items()}
+        return {str(k): str(v) for k, v in (obj.get("data") or {}).items()}
+
+    def _env_from(self, src: dict[str, Any]) -> dict[str, str]:
+        prefix = str(src.get("prefix") or "")
+        for kind, key in (("Secret", "secretRef"), ("ConfigMap", "configMapRef")):
+            if key in src:
+                ref = src[key]
+                obj = self._object(kind, ref["name"])
+                if obj is None:
+                    if ref.get("optional"):
+                        return {}
+                    raise ConfigError(f'{kind.lower()} "{ref["name"]}" not found')
+                return {prefix + k: v for k, v in self._data(kind, obj).items()}
+        return {}
 
     def _value_from(self, source: dict[str, Any]) -> str | None:
         if "fieldRef" in source:
@@ -201,20 +261,20 @@ class PodRunner:
                 kind, key = path.split("['", 1)
                 return str((self.pod["metadata"].get(kind.split(".")[1]) or {}).get(key.rstrip("']"), ""))
             return fields.get(path)
-        for kind, ref_key in (("secretKeyRef", "secrets"), ("configMapKeyRef", "configmaps")):
-            if kind in source:
-                ref = source[kind]
-                obj = self.agent.api.get(
-                    f"/api/v1/namespaces/{self.ns}/{ref_key}/{ref['name']}", ok_missing=True
-                )
-                data = (obj or {}).get("data") or {}
+        for kind, ref_key in (("Secret", "secretKeyRef"), ("ConfigMap", "configMapKeyRef")):
+            if ref_key in source:
+                ref = source[ref_key]
+                obj = self._object(kind, ref["name"])
+                if obj is None:
+                    if ref.get("optional"):
+                        return None
+                    raise ConfigError(f'{kind.lower()} "{ref["name"]}" not found')
+                data = self._data(kind, obj)
                 if ref["key"] not in data:
-                    return None
-                if kind == "secretKeyRef":
-                    import base64
-
-                    return base64.b64decode(data[ref["key"]]).decode()
-                return str(data[ref["key"]])
+                    if ref.get("optional"):
+                        return None
+                    raise ConfigError(f"couldn't find key {ref['key']} in {kind} {self.ns}/{ref['name']}")
+                return data[ref["key"]]
         return None
 
     def _service_account_kubeconfig(self) -> Path | None:
@@ -269,8 +329,19 @@ class PodRunner:
         path.chmod(0o600)
         return path
 
-    def _event(self, reason: str, message: str, container: str) -> None:
+    def _event(self, reason: str, message: str, container: str | None = None) -> None:
         stamp = now_rfc3339()
+        involved: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "namespace": self.ns,
+            "name": self.name,
+            "uid": self.uid,
+        }
+        if container is not None:
+            init = any(c.name == container for c in self.init_containers)
+            kind = "initContainers" if init else "containers"
+            involved["fieldPath"] = f"spec.{kind}{{{container}}}"
         try:
             self.agent.api.create(
                 f"/api/v1/namespaces/{self.ns}/events",
@@ -278,14 +349,7 @@ class PodRunner:
                     "apiVersion": "v1",
                     "kind": "Event",
                     "metadata": {"generateName": f"{self.name}."},
-                    "involvedObject": {
-                        "apiVersion": "v1",
-                        "kind": "Pod",
-                        "namespace": self.ns,
-                        "name": self.name,
-                        "uid": self.uid,
-                        "fieldPath": f"spec.containers{{{container}}}",
-                    },
+                    "involvedObject": involved,
                     "reason": reason,
                     "message": message,
                     "type": "Warning",
@@ -304,24 +368,80 @@ class PodRunner:
             return ["nsenter", "-t", str(c.proc.pid), "-m", "-n", "--"]
         return self.agent.net.exec_prefix()
 
-    def _start(self, c: ContainerRunner) -> None:
-        if c.argv is None:  # a sidecar of an unmapped image: reported running, nothing to run
-            c.state.running = c.state.started = c.state.ready = True
+    def _termination_file(self, c: ContainerRunner) -> Path:
+        return self.dir / "termination" / c.name
+
+    def _log_file(self, c: ContainerRunner) -> Path:
+        return self.dir / f"{c.name}.log"
+
+    def _mounts(self, c: ContainerRunner) -> None:
+        """The container's volume mounts and its termination-message file (after the volumes are ready)."""
+        if c.argv is None:
+            return
+        try:
+            c.mounts, skipped = container_mounts(c.spec, self.volumes)
+        except VolumeError as exc:
+            c.error = str(exc)
+            return
+        if skipped:
+            log.info(
+                "%s/%s container %s: volume types the node agent does not provide are not mounted: %s",
+                self.ns,
+                self.name,
+                c.name,
+                ", ".join(skipped),
+            )
+        term_path = str(c.spec.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH)
+        try:
+            target = check_mount_path("terminationMessagePath", term_path)
+        except VolumeError as exc:
+            log.warning("%s/%s container %s: %s; no termination message", self.ns, self.name, c.name, exc)
+            return
+        if not any(m.path == target for m in c.mounts):
+            c.mounts.append(Mount(self._termination_file(c), target, False))
+
+    def _start(self, c: ContainerRunner) -> bool:
+        """Start the container's process; False when it could not (its state says why)."""
+        now = time.monotonic()
+        if c.argv is None:  # an unmapped image: an init container completes, a sidecar runs, nothing runs
             c.state.started_at = now_rfc3339()
-            return
+            c.ever_started = True
+            if c.init:
+                log.info("%s/%s init container %s (unmapped image) not run", self.ns, self.name, c.name)
+                c.state.finished(0, "", now_rfc3339())
+                c.state.terminated_exit_code = 0
+            else:
+                c.state.running = c.state.started = c.state.ready = True
+            return True
         if c.error is not None:
-            c.state.waiting_reason = "CreateContainerConfigError"
-            log.warning("%s/%s container %s not started: %s", self.ns, self.name, c.spec["name"], c.error)
-            self._event("FailedMount", c.error, c.spec["name"])
-            return
-        scratch = self.dir / "mnt" / c.spec["name"]
+            if c.state.waiting_reason != "CreateContainerConfigError":
+                log.warning("%s/%s container %s not started: %s", self.ns, self.name, c.name, c.error)
+                self._event("FailedMount", c.error, c.name)
+            c.state.waiting_reason, c.state.waiting_message = "CreateContainerConfigError", c.error
+            return False
+        try:
+            env = self._env(c.spec)
+        except (ConfigError, KubeError, ValueError) as exc:
+            if c.state.waiting_message != str(exc):
+                log.warning("%s/%s container %s not started: %s", self.ns, self.name, c.name, exc)
+                self._event("Failed", f"Error: {exc}", c.name)
+            c.state.waiting_reason, c.state.waiting_message = "CreateContainerConfigError", str(exc)
+            c.restart_at = now + 1.0
+            return False
+        term = self._termination_file(c)
+        term.parent.mkdir(parents=True, exist_ok=True)
+        term.write_bytes(b"")  # a fresh file for every run, as the kubelet gives each container instance
+        term.chmod(0o666)
+        scratch = self.dir / "mnt" / c.name
         if c.mounts:
             scratch.mkdir(parents=True, exist_ok=True)
-        logf = open(self.dir / f"{c.spec['name']}.log", "ab")  # noqa: SIM115 - owned by the child
+        logpath = self._log_file(c)
+        logf = open(logpath, "ab")  # noqa: SIM115 - owned by the child
         try:
+            c.log_offset = logf.tell()
             c.proc = subprocess.Popen(
-                wrap_command([*self.agent.net.exec_prefix(), *c.argv], c.mounts, scratch),
-                env=self._env(c.spec),
+                wrap_command([*self.agent.net.exec_prefix(), *c.argv], c.mounts, scratch, self.agent.keep),
+                env=env,
                 cwd=c.spec.get("workingDir") or self.dir,
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
@@ -331,33 +451,64 @@ class PodRunner:
         finally:
             logf.close()
         self.agent.procs.add(c.proc.pid)
-        now = time.monotonic()
+        if c.ever_started:
+            c.state.restart_count += 1
+        c.ever_started = True
         c.state.running, c.state.pid, c.state.started_at = True, c.proc.pid, now_rfc3339()
-        c.state.waiting_reason = None
+        c.state.waiting_reason, c.state.waiting_message = None, ""
         c.state.ready = False
         c.state.started = c.startup.probe is None
         c.startup.reset(now, initial=c.startup.probe is None)
         c.readiness.reset(now, initial=c.readiness.probe is None)
         c.liveness.reset(now, initial=True)
         log.info(
-            "started %s/%s container %s pid %d on %s", self.ns, self.name, c.spec["name"], c.proc.pid, self.ip
+            "started %s/%s %scontainer %s pid %d on %s",
+            self.ns,
+            self.name,
+            "init " if c.init else "",
+            c.name,
+            c.proc.pid,
+            self.ip,
         )
+        return True
+
+    def _message(self, c: ContainerRunner, code: int) -> str:
+        """The termination message of the run that just ended (the kubelet's rules)."""
+        file_tail = _read_tail(self._termination_file(c), MAX_TERMINATION_MESSAGE_BYTES)
+        log_tail = _read_tail(self._log_file(c), 64 * 1024, start=c.log_offset)
+        fallback = c.spec.get("terminationMessagePolicy") == "FallbackToLogsOnError"
+        return termination_message(file_tail, log_tail, fallback_to_logs=fallback, exit_code=code)
 
     def _reap(self, c: ContainerRunner, code: int) -> None:
         assert c.proc is not None
         self.agent.procs.remove(c.proc.pid)
         c.proc = None
-        c.state.running = c.state.ready = c.state.started = False
-        c.state.last_exit_code = code
-        c.state.last_finished_at = now_rfc3339()
+        code = 128 - code if code < 0 else code  # killed by a signal: 128 + its number, as runtimes report
+        c.state.finished(code, self._message(c, code), now_rfc3339())
         policy = self.pod["spec"].get("restartPolicy", "Always")
-        if policy == "Always" or (policy == "OnFailure" and code != 0):
+        if c.init:
+            restart = code != 0 and policy != "Never"
+        else:
+            restart = policy == "Always" or (policy == "OnFailure" and code != 0)
+        if restart:
             c.restart_at = time.monotonic() + c.backoff
-            c.backoff = min(c.backoff * 2, MAX_BACKOFF_S)
             c.state.waiting_reason = "CrashLoopBackOff"
-            log.warning("%s/%s container %s exited %d; restarting", self.ns, self.name, c.spec["name"], code)
+            c.state.waiting_message = (
+                f"back-off {c.backoff:g}s restarting failed container={c.name} "
+                f"pod={self.name}_{self.ns}({self.uid})"
+            )
+            c.backoff = min(c.backoff * 2, MAX_BACKOFF_S)
+            log.warning(
+                "%s/%s %scontainer %s exited %d; restarting",
+                self.ns,
+                self.name,
+                "init " if c.init else "",
+                c.name,
+                code,
+            )
         else:
             c.state.terminated_exit_code = code
+            log.info("%s/%s container %s exited %d; not restarted", self.ns, self.name, c.name, code)
 
     def _stop_container(self, c: ContainerRunner, grace_s: float) -> None:
         if c.proc is None:
@@ -388,18 +539,53 @@ class PodRunner:
                 httpx.get(f"http://{self.ip}:{h['port']}{h.get('path', '/')}", timeout=budget_s)
             elif "sleep" in hook:
                 time.sleep(min(float(hook["sleep"]["seconds"]), budget_s))
-        except (OSError, httpx.HTTPError, subprocess.TimeoutExpired):
+        except (OSError, httpx.HTTPError, subprocess.TimeoutExpired, ConfigError, KubeError):
             pass
 
     # ----- the loop -----------------------------------------------------------------------------
+    def _deleting(self) -> dict[str, Any] | None:
+        with self._lock:
+            pod = self.pod
+        return pod if pod["metadata"].get("deletionTimestamp") else None
+
+    def _prepare_volumes(self) -> bool:
+        """Provide the pod's volumes before any container starts, retrying (FailedMount events) as the
+        kubelet's volume manager does; False when the pod went away meanwhile."""
+        if self.volumes.skipped:
+            log.info(
+                "%s/%s: volumes of types the node agent does not provide are not mounted: %s",
+                self.ns,
+                self.name,
+                ", ".join(f"{n} ({k})" for n, k in self.volumes.skipped.items()),
+            )
+        reported: dict[str, str] = {}
+        while not self._gone.is_set():
+            pod = self._deleting()
+            if pod is not None:
+                self._terminate(pod)
+                return False
+            errors = self.volumes.prepare()
+            if not errors:
+                return True
+            for name, err in errors.items():
+                if reported.get(name) != err:
+                    self._event("FailedMount", f'MountVolume.SetUp failed for volume "{name}" : {err}')
+            reported = errors
+            self._report()
+            self._gone.wait(VOLUME_RETRY_S)
+        return False
+
     def _run(self) -> None:
         try:
-            for c in self.containers:
-                self._start(c)
+            if not self._prepare_volumes():
+                if self._gone.is_set():
+                    self._kill_all()
+                return
+            for c in self.all_containers:
+                self._mounts(c)
             while not self._gone.is_set():
-                with self._lock:
-                    pod = self.pod
-                if pod["metadata"].get("deletionTimestamp"):
+                pod = self._deleting()
+                if pod is not None:
                     self._terminate(pod)
                     return
                 self._tick()
@@ -416,53 +602,78 @@ class PodRunner:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        if self.volumes.refreshable and now >= self._next_refresh:
+            self._next_refresh = now + REFRESH_S
+            self.volumes.refresh()
+        if not self.initialized:
+            self._tick_init(now)
+            if not self.initialized:
+                return
+            for c in self.containers:
+                c.state.waiting_reason = None
         for c in self.containers:
             if c.proc is not None:
                 code = c.proc.poll()
                 if code is not None:
                     self._reap(c, code)
                     continue
-                env: dict[str, str] = {}
-                prefix = self._exec_prefix(c)
-                if not c.state.started and c.startup.due(now):
-                    ok = run_probe(c.startup.probe or {}, c.spec, self.ip, env, prefix)
-                    if c.startup.record(ok, now):
-                        c.state.started = True
-                    elif c.startup.failures >= int((c.startup.probe or {}).get("failureThreshold", 3)):
-                        log.warning("%s/%s startup probe failed; restarting", self.ns, self.name)
-                        self._restart(c)
-                        continue
-                if not c.state.started:
-                    continue
-                if c.liveness.due(now) and not c.liveness.record(
-                    run_probe(c.liveness.probe or {}, c.spec, self.ip, env, prefix), now
-                ):
-                    log.warning("%s/%s liveness probe failed; restarting", self.ns, self.name)
-                    self._restart(c)
-                    continue
-                if c.readiness.due(now):
-                    c.readiness.record(
-                        run_probe(c.readiness.probe or {}, c.spec, self.ip, env, prefix),
-                        now,
-                    )
-                c.state.ready = c.readiness.result
-                if c.state.ready:
-                    c.backoff = 1.0
-            elif (
-                c.argv is not None
-                and c.error is None
-                and c.state.terminated_exit_code is None
-                and now >= c.restart_at
-            ):
-                c.state.restart_count += 1
+                self._probe(c, now)
+            elif c.argv is not None and c.error is None and c.state.terminated_exit_code is None:
+                if now >= c.restart_at:
+                    self._start(c)
+            elif not c.ever_started and c.state.waiting_reason is None:
+                self._start(c)  # an unmapped image, or a refused mount: reported once
+
+    def _tick_init(self, now: float) -> None:
+        """Run the init containers one after the other, each to completion (the kubelet's order)."""
+        for c in self.init_containers:
+            if c.state.completed:
+                continue
+            if c.proc is not None:
+                code = c.proc.poll()
+                if code is not None:
+                    self._reap(c, code)
+            elif c.state.terminated_exit_code is not None:
+                return  # failed and not restarted (restartPolicy Never): the pod has failed
+            elif c.error is not None:
+                self._start(c)  # reports the refusal
+            elif now >= c.restart_at:
                 self._start(c)
+            if not c.state.completed:
+                return
+        self.initialized = True
+        log.info("%s/%s initialized", self.ns, self.name)
+
+    def _probe(self, c: ContainerRunner, now: float) -> None:
+        env: dict[str, str] = {}
+        prefix = self._exec_prefix(c)
+        if not c.state.started and c.startup.due(now):
+            ok = run_probe(c.startup.probe or {}, c.spec, self.ip, env, prefix)
+            if c.startup.record(ok, now):
+                c.state.started = True
+            elif c.startup.failures >= int((c.startup.probe or {}).get("failureThreshold", 3)):
+                log.warning("%s/%s startup probe failed; restarting", self.ns, self.name)
+                self._restart(c)
+                return
+        if not c.state.started:
+            return
+        if c.liveness.due(now) and not c.liveness.record(
+            run_probe(c.liveness.probe or {}, c.spec, self.ip, env, prefix), now
+        ):
+            log.warning("%s/%s liveness probe failed; restarting", self.ns, self.name)
+            self._restart(c)
+            return
+        if c.readiness.due(now):
+            c.readiness.record(run_probe(c.readiness.probe or {}, c.spec, self.ip, env, prefix), now)
+        c.state.ready = c.readiness.result
+        if c.state.ready:
+            c.backoff = 1.0
 
     def _restart(self, c: ContainerRunner) -> None:
         grace = float(self.pod["spec"].get("terminationGracePeriodSeconds", 30))
         pid = c.proc.pid if c.proc else None
         self._stop_container(c, grace)
-        c.state.last_exit_code = 137
-        c.state.last_finished_at = now_rfc3339()
+        c.state.finished(137, self._message(c, 137), now_rfc3339())
         c.restart_at = time.monotonic()
         if pid:
             log.info("killed pid %d for restart", pid)
@@ -496,7 +707,7 @@ class PodRunner:
         for c in self.containers:
             if c.proc is not None:
                 self._pre_stop(c, max(deadline - time.monotonic(), 0.1))
-        for c in self.containers:
+        for c in self.all_containers:
             self._stop_container(c, deadline - time.monotonic())
         with contextlib.suppress(KubeError):
             self.agent.api.delete(
@@ -510,8 +721,19 @@ class PodRunner:
             )
 
     def _kill_all(self) -> None:
-        for c in self.containers:
+        for c in self.all_containers:
             self._stop_container(c, 2.0)
+
+
+def _read_tail(path: Path, limit: int, start: int = 0) -> bytes:
+    """At most the last ``limit`` bytes of ``path`` from offset ``start`` on (empty when missing)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(start, size - limit))
+            return f.read()
+    except OSError:
+        return b""
 
 
 class NodeAgent:
@@ -526,6 +748,8 @@ class NodeAgent:
         self.state_dir = state_dir
         self.ips = IPPool(net.pod_ips())
         self.procs = ProcessRegistry(state_dir / "procs")
+        # host paths a pod's processes need even under a volume mounted over a parent (e.g. /tmp)
+        self.keep = keep_paths([state_dir.parent])
         self.runners: dict[str, PodRunner] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()

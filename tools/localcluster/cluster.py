@@ -3,9 +3,10 @@
 ``up`` starts etcd, kube-apiserver (RBAC, its own CA, service-account keys), kube-controller-manager,
 kube-scheduler, kwok (fake GPU and CPU nodes), the process node agent and Prometheus, all on
 127.0.0.1 with free ports, and, inside the cluster's pod network namespace, kube-proxy (Service
-ClusterIPs, ``10.96.N.0/24``, answer from the host and from pods) and Traefik (the Gateway API data
-plane: the shared Gateway ``gateway-system/public-gateway`` answers at ``http://10.244.N.254:80``), waits
-until the cluster is Ready,
+ClusterIPs, ``10.96.N.0/24``, answer from the host and from pods), Traefik (the Gateway API data
+plane: the shared Gateway ``gateway-system/public-gateway`` answers at ``http://10.244.N.254:80``) and
+versitygw (an S3 object store at ``http://10.244.N.254:9000``, credentials in ``s3-credentials.json``),
+waits until the cluster is Ready,
 records everything it started in ``cluster.json`` and returns, leaving the processes running. ``down``
 stops exactly those processes (and any pod process the agent left) and removes the state directory.
 """
@@ -13,7 +14,9 @@ stops exactly those processes (and any pod process the agent left) and removes t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -48,6 +51,8 @@ class Cluster:
     apiserver_url: str
     service_cidr: str = ""  # the Service ClusterIP range (empty for a cluster not started here)
     gateway_url: str = ""  # the shared Gateway (Traefik), reachable from the host and from pods
+    s3_url: str = ""  # the object store (versitygw), reachable from the host and from pods
+    prometheus_url_pods: str = ""  # Prometheus as pods (and KEDA) reach it; "" where unknown
 
 
 def binaries_dir() -> Path:
@@ -140,8 +145,22 @@ def running_cluster(state_dir: Path) -> Cluster | None:
         return None
     layout = Layout(state_dir)
     return Cluster(
-        state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url, rec.service_cidr, rec.gateway_url
+        state_dir,
+        layout.kubeconfig,
+        rec.prometheus_url,
+        rec.apiserver_url,
+        rec.service_cidr,
+        rec.gateway_url,
+        rec.s3_url,
+        rec.prometheus_url_pods,
     )
+
+
+def s3_credentials() -> dict[str, str]:
+    """A fresh root user for the object store: an AWS-shaped access key id and secret."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+    access = "LOCAL" + "".join(secrets.choice(alphabet) for _ in range(15))
+    return {"accessKey": access, "secretKey": secrets.token_urlsafe(30)[:40]}
 
 
 def keda_enabled() -> bool:
@@ -151,7 +170,6 @@ def keda_enabled() -> bool:
 
 
 def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True, keda: bool | None = None) -> Cluster:
-
     existing = running_cluster(state_dir)
     if existing is not None:
         return existing
@@ -178,7 +196,14 @@ def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True, keda: boo
         down(state_dir, keep_logs_on_error=True)
         raise
     return Cluster(
-        state_dir, layout.kubeconfig, rec.prometheus_url, rec.apiserver_url, rec.service_cidr, rec.gateway_url
+        state_dir,
+        layout.kubeconfig,
+        rec.prometheus_url,
+        rec.apiserver_url,
+        rec.service_cidr,
+        rec.gateway_url,
+        rec.s3_url,
+        rec.prometheus_url_pods,
     )
 
 
@@ -230,8 +255,9 @@ def _bring_up(
     traefik_kcfg = client_kubeconfig(
         "traefik", "localcluster-traefik", None, at=f"https://{net.host_ip}:{ports['apiserver']}"
     )
-    if not (bin_dir / "traefik").exists():
-        raise ClusterError(f"no traefik in {bin_dir} (tools/build-binaries.sh builds it)")
+    for name in ("traefik", "versitygw"):
+        if not (bin_dir / name).exists():
+            raise ClusterError(f"no {name} in {bin_dir} (tools/build-binaries.sh builds it)")
     front_proxy_ca, proxy_client = _front_proxy(layout)
     if keda:
         for b in ("keda-operator", "keda-adapter", "keda-config"):
@@ -412,6 +438,21 @@ def _bring_up(
         )
     )
     starter.start("kube-proxy", [*net.exec_prefix(), *config.kube_proxy_args(bin_dir, config_path=proxy_cfg)])
+    # The object store, in the pod network like Traefik: one URL for the host and for pods.
+    creds = s3_credentials()
+    layout.s3_credentials_file.touch(mode=0o600)
+    layout.s3_credentials_file.write_text(json.dumps(creds) + "\n")
+    layout.s3_data.mkdir(parents=True, exist_ok=True)
+    starter.start(
+        "versitygw",
+        [
+            *net.exec_prefix(),
+            *config.versitygw_args(
+                bin_dir, listen_ip=net.anchor_ip, data_dir=layout.s3_data, access_log=layout.s3_access_log
+            ),
+        ],
+        env={"ROOT_ACCESS_KEY_ID": creds["accessKey"], "ROOT_SECRET_ACCESS_KEY": creds["secretKey"]},
+    )
     crd_path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     gateway_crds: list[str] = []
     for f in sorted((bin_dir / "gateway-api-crds").glob("*.yaml")):
@@ -471,6 +512,14 @@ def _bring_up(
     starter.wait_for(
         "prometheus", lambda: httpx.get(f"{rec.prometheus_url}/-/ready", timeout=1).status_code == 200, left()
     )
+    s3_url = f"http://{net.anchor_ip}:{config.S3_PORT}"
+    starter.wait_for(
+        "versitygw",
+        lambda: httpx.get(f"{s3_url}{config.S3_HEALTH_PATH}", timeout=1).status_code == 200,
+        left(),
+    )
+    rec.s3_url = s3_url
+    rec.save()
     ping = f"http://{net.anchor_ip}:{config.TRAEFIK_PING_PORT}/ping"
     starter.wait_for("traefik", lambda: httpx.get(ping, timeout=1).status_code == 200, left())
     gw_ns, gw_name = config.GATEWAY_NAMESPACE, config.GATEWAY_NAME
@@ -485,6 +534,7 @@ def _bring_up(
     rec.save()
     layout.prometheus_url_file.write_text(rec.prometheus_url + "\n")
     layout.gateway_url_file.write_text(rec.gateway_url + "\n")
+    layout.s3_url_file.write_text(rec.s3_url + "\n")
     api.close()
 
 
@@ -591,6 +641,7 @@ def down(state_dir: Path, *, keep_logs_on_error: bool = False) -> None:
             "node-agent": 0,
             "kube-proxy": 1,
             "traefik": 1,
+            "versitygw": 1,
             "prometheus": 1,
             "kwok": 2,
             "kube-scheduler": 3,

@@ -44,6 +44,7 @@ class ClusterRecord:
     apiserver_url_pods: str = ""
     prometheus_url_pods: str = ""
     gateway_url: str = ""  # the shared Gateway (Traefik on the pod network's anchor address)
+    s3_url: str = ""  # the object store (versitygw on the pod network's anchor address)
 
     @property
     def path(self) -> Path:
@@ -93,6 +94,25 @@ class Layout:
     @property
     def gateway_url_file(self) -> Path:
         return self.root / "gateway-url"
+
+    @property
+    def s3_url_file(self) -> Path:
+        return self.root / "s3-url"
+
+    @property
+    def s3_credentials_file(self) -> Path:
+        """``{"accessKey": ..., "secretKey": ...}`` of the object store's root user (mode 0600)."""
+        return self.root / "s3-credentials.json"
+
+    @property
+    def s3_data(self) -> Path:
+        """The object store's POSIX root: a directory per bucket, a file per object."""
+        return self.root / "s3" / "data"
+
+    @property
+    def s3_access_log(self) -> Path:
+        """The object store's access log: one S3 server-access-log line per request."""
+        return self.logs / "s3-access.log"
 
     @property
     def prometheus_dir(self) -> Path:

@@ -4,6 +4,8 @@
   With ``E2E_KUBECONFIG`` set, that cluster is used instead (e.g. kind) and nothing is started.
 * ``kube`` (session): a :class:`Kube` helper bound to the cluster (kubectl, REST, waiting).
 * ``namespace`` (function): a fresh namespace per test, deleted afterwards.
+* ``s3`` (session): the cluster's object store (:class:`localcluster.objectstore.ObjectStore`: boto3
+  client, buckets, directory uploads, the access log); ``s3_bucket`` (function): a fresh bucket in it.
 
 Load with ``pytest_plugins = ["localcluster.testing"]``.
 """
@@ -24,6 +26,7 @@ import pytest
 
 from .cluster import Cluster, binaries_dir, down, up
 from .kubeapi import KubeAPI, KubeError, ready_endpoints
+from .objectstore import ObjectStore
 
 T = TypeVar("T")
 
@@ -132,6 +135,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             os.environ.get("E2E_PROMETHEUS_URL", ""),
             "",
             gateway_url=os.environ.get("E2E_GATEWAY_URL", ""),
+            s3_url=os.environ.get("E2E_S3_URL", ""),
+            prometheus_url_pods=os.environ.get("E2E_PROMETHEUS_URL_PODS", ""),
         )
         return
     state = tmp_path_factory.mktemp("localcluster")
@@ -159,3 +164,19 @@ def namespace(kube: Kube) -> Iterator[str]:
     )
     yield name
     kube.api.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture(scope="session")
+def s3(cluster: Cluster) -> ObjectStore:
+    store = ObjectStore.of_cluster(cluster)
+    if store is None:
+        pytest.skip("the cluster has no object store (E2E_S3_URL and E2E_S3_CREDENTIALS name one)")
+    return store
+
+
+@pytest.fixture
+def s3_bucket(s3: ObjectStore) -> str:
+    """A fresh bucket in the cluster's object store (left there: the store goes with the cluster)."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s3.make_bucket(name)
+    return name

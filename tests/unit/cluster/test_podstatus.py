@@ -70,10 +70,39 @@ def test_status_differs_only_on_real_changes() -> None:
 
 def test_terminated_containers_make_the_pod_succeeded_or_failed() -> None:
     state = _state(ready=False, running=False)
-    state.containers[0].terminated_exit_code = 0
-    assert desired_status(_pod(), state, "now")["phase"] == "Succeeded"
+    pod = _pod()
+    for policy, code, phase in (
+        ("Never", 0, "Succeeded"),
+        ("Never", 1, "Failed"),
+        ("OnFailure", 0, "Succeeded"),
+        ("Always", 0, "Running"),  # the kubelet: "all containers are in the process of restarting"
+    ):
+        pod["spec"]["restartPolicy"] = policy
+        state.containers[0].terminated_exit_code = code
+        st = desired_status(pod, state, "now")
+        assert st["phase"] == phase, (policy, code)
+    pod["spec"]["restartPolicy"] = "Never"
     state.containers[0].terminated_exit_code = 1
-    assert desired_status(_pod(), state, "now")["phase"] == "Failed"
+    st = desired_status(pod, state, "now")
+    assert next(c for c in st["conditions"] if c["type"] == "Ready")["reason"] == "PodFailed"
+
+
+def test_a_crash_looping_container_keeps_the_pod_running_like_the_kubelet() -> None:
+    state = _state(ready=False, running=False)
+    c = state.containers[0]
+    c.finished(1, "boom", "t1")
+    c.waiting_reason, c.waiting_message = "CrashLoopBackOff", "back-off 2s restarting failed container=c"
+    st = desired_status(_pod(), state, "now")
+    assert st["phase"] == "Running"
+    cs = st["containerStatuses"][0]
+    assert cs["state"] == {"waiting": {"reason": "CrashLoopBackOff", "message": c.waiting_message}}
+    assert cs["lastState"]["terminated"] == {
+        "exitCode": 1,
+        "reason": "Error",
+        "message": "boom",
+        "startedAt": "t0",
+        "finishedAt": "t1",
+    }
 
 
 def test_probe_tracker_counts_thresholds_and_honours_delay_and_period() -> None:

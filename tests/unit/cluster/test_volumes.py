@@ -210,6 +210,7 @@ def test_a_reader_never_sees_a_half_written_file(tmp_path: Path) -> None:
 
 def test_pod_volumes_follow_newer_pod_objects_only_and_are_removed(tmp_path: Path) -> None:
     vols = PodVolumes(_pod(rv=5), tmp_path / "volumes")
+    assert vols.prepare() == {}
     shadow = tmp_path / "volumes" / "podinfo" / "shadow"
     assert shadow.read_text() == "true"
     assert (tmp_path / "volumes" / "podinfo" / "annotations").read_text() == 'modeldeploy.io/shadow="true"'
@@ -220,7 +221,7 @@ def test_pod_volumes_follow_newer_pod_objects_only_and_are_removed(tmp_path: Pat
     vols.sync(_pod(annotations={}, rv=8))
     assert shadow.read_text() == ""
     assert (tmp_path / "volumes" / "podinfo" / "annotations").read_text() == ""
-    assert not (tmp_path / "volumes" / "tmp").exists()  # emptyDir: not provided
+    assert (tmp_path / "volumes" / "tmp").is_dir()  # the emptyDir
     vols.remove()
     vols.sync(_pod(rv=9))
     assert not (tmp_path / "volumes").exists()
@@ -233,25 +234,32 @@ def _container(*mounts: dict[str, Any]) -> dict[str, Any]:
     return {"name": "c", "image": "modeldeploy/testapp:dev", "volumeMounts": list(mounts)}
 
 
-def test_container_mounts_take_downward_api_volumes_and_skip_others(tmp_path: Path) -> None:
+def test_container_mounts_take_provided_volumes_and_skip_others(tmp_path: Path) -> None:
     vols = PodVolumes(_pod(), tmp_path / "volumes")
+    vols.prepare()
     mounts, skipped = container_mounts(
         _container(
-            {"name": "podinfo", "mountPath": "/etc/modeldeploy/podinfo/", "readOnly": True},
+            {"name": "podinfo", "mountPath": "/etc/modeldeploy/podinfo/"},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "kube-api-access-x", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
         ),
         vols,
-        exists=lambda p: p in ("/", "/etc"),
+        exists=lambda p: p in ("/", "/etc", "/tmp"),
     )
-    assert mounts == [Mount(tmp_path / "volumes" / "podinfo", "/etc/modeldeploy/podinfo", True)]
-    assert skipped == ["tmp at /tmp", "kube-api-access-x at /var/run/secrets/kubernetes.io/serviceaccount"]
+    assert mounts == [
+        # downwardAPI volumes are read-only whatever the mount says, as the kubelet mounts them
+        Mount(tmp_path / "volumes" / "podinfo", "/etc/modeldeploy/podinfo", True),
+        Mount(tmp_path / "volumes" / "tmp", "/tmp", False),
+    ]
+    assert skipped == ["kube-api-access-x at /var/run/secrets/kubernetes.io/serviceaccount"]
 
 
 @pytest.mark.parametrize(
     ("mount", "match"),
     [
-        ({"name": "podinfo", "mountPath": "/etc/podinfo", "subPath": "shadow"}, "subPath"),
+        ({"name": "podinfo", "mountPath": "/etc/podinfo", "subPathExpr": "$(X)"}, "subPathExpr"),
+        ({"name": "podinfo", "mountPath": "/etc/podinfo", "subPath": "../x"}, "invalid volume file path"),
+        ({"name": "podinfo", "mountPath": "/etc/podinfo", "subPath": "missing"}, "does not exist"),
         ({"name": "podinfo", "mountPath": "/podinfo"}, "parent directory other than /"),
         ({"name": "podinfo", "mountPath": "relative/path"}, "mountPath"),
     ],
@@ -260,6 +268,7 @@ def test_mounts_the_agent_cannot_provide_are_refused(
     tmp_path: Path, mount: dict[str, Any], match: str
 ) -> None:
     vols = PodVolumes(_pod(), tmp_path / "volumes")
+    vols.prepare()
     with pytest.raises(VolumeError, match=match):
         container_mounts(_container(mount), vols, exists=lambda p: p in ("/", "/etc"))
 
@@ -270,7 +279,8 @@ def test_a_volume_with_a_resource_field_refuses_its_containers(tmp_path: Path) -
         {"path": "cpu", "resourceFieldRef": {"containerName": "c", "resource": "limits.cpu"}}
     )
     vols = PodVolumes(pod, tmp_path / "volumes")
-    assert "resourceFieldRef" in vols.errors["podinfo"]
+    assert "resourceFieldRef" in vols.prepare()["podinfo"]
+    assert not vols.ready
     with pytest.raises(VolumeError, match="resourceFieldRef"):
         container_mounts(_container({"name": "podinfo", "mountPath": "/etc/x"}), vols)
     # A container not mounting it is not affected.
@@ -284,8 +294,12 @@ def test_wrap_command_starts_the_container_through_the_mount_helper(tmp_path: Pa
     assert cmd[:4] == ["unshare", "--mount", "--propagation", "private"]
     i = cmd.index("--")
     assert cmd[i + 1 :] == argv
-    scratch, binds, command = podmount.parse(cmd[cmd.index("localcluster.podmount") + 1 :])
+    scratch, binds, command, keep = podmount.parse(cmd[cmd.index("localcluster.podmount") + 1 :])
     assert (scratch, binds, command) == (tmp_path / "mnt", [("/s/podinfo", "/etc/podinfo", True)], argv)
+    assert keep == []
+    cmd = wrap_command(argv, [Mount(Path("/s/t"), "/tmp", False)], tmp_path, keep=["/tmp/repo", "/opt/venv"])
+    _, _, _, keep = podmount.parse(cmd[cmd.index("localcluster.podmount") + 1 :])
+    assert keep == ["/tmp/repo", "/opt/venv"]
 
 
 def test_mountinfo_mount_points_are_unescaped() -> None:
