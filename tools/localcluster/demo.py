@@ -32,6 +32,7 @@ import yaml
 
 from .cluster import Cluster, binaries_dir, down, up
 from .kubeapi import KubeAPI, ready_endpoints, service_url
+from .objectstore import ObjectStore
 from .state import REPO_ROOT, ClusterRecord, Layout, ProcessRecord
 
 BOLD, DIM, RESET = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
@@ -267,10 +268,30 @@ def run(state_dir: Path) -> int:
         )
         demo.start_operator()
 
-        say("2. MiniLM v1 on a GPU node (examples/minilm-gpu.yaml; short canary intervals for the demo)")
+        say(
+            "2. MiniLM v1 on a GPU node, from the cluster's S3 store (examples/minilm-gpu.yaml; an init"
+            " container fetches it through the node cache; short canary intervals for the demo)"
+        )
         doc = yaml.safe_load((REPO_ROOT / "examples" / "minilm-gpu.yaml").read_text())
         name, ns = doc["metadata"]["name"], "default"
-        doc["spec"]["model"]["uri"] = minilm_uri()
+        store = ObjectStore.of_state_dir(cluster.state_dir)
+        store.make_bucket("models")
+        keys = store.upload_dir(Path(minilm_uri().removeprefix("file://")), "models", "minilm/v1")
+        print(f"uploaded {len(keys)} files to s3://models/minilm/v1/ at {store.url} (versitygw)")
+        demo.kubectl(
+            "create", "secret", "generic", "s3-credentials",
+            f"--from-literal=AWS_ACCESS_KEY_ID={store.access_key}",
+            f"--from-literal=AWS_SECRET_ACCESS_KEY={store.secret_key}",
+            show=False,
+        )  # fmt: skip
+        doc["spec"]["model"]["uri"] = "s3://models/minilm/v1/"
+        doc["spec"]["model"]["storage"] = {
+            "endpoint": store.url,
+            "region": store.region,
+            "addressingStyle": "path",
+            "secretRef": {"name": "s3-credentials"},
+            "nodeCache": {"maxSize": "5Gi"},
+        }
         doc["spec"]["rollout"] = {
             "steps": [25, 50, 100],
             "interval": "10s",
@@ -288,6 +309,12 @@ def run(state_dir: Path) -> int:
         demo.kubectl("apply", "-f", "-", input=json.dumps(doc))
         demo.wait("v1 to be Ready", lambda: demo.md_ready(ns, name), timeout=300)
         demo.kubectl("get", "pods", "-l", f"modeldeploy.io/name={name}", "-o", "wide")
+        avail: dict[str, Any] = next(
+            (c for c in (_md(demo, ns, name).get("status") or {}).get("conditions") or []
+             if c["type"] == "ModelAvailable"),
+            {},
+        )  # fmt: skip
+        print(f"ModelAvailable={avail.get('status')} ({avail.get('reason')}): {avail.get('message')}")
         service = (_md(demo, ns, name).get("status") or {}).get("serviceName") or name
         url = demo.wait("a ready endpoint", lambda: demo.service_url(ns, service), timeout=60)
         model = doc["spec"]["model"]["name"]
@@ -396,6 +423,7 @@ def run(state_dir: Path) -> int:
                     "uri": wrong_dir.as_uri(),
                     "format": "custom",
                     "handler": "handler.py:Handler",
+                    "storage": None,  # a local directory, not the store
                 },
                 "rollout": {
                     "shadow": {"duration": "15s", "sampleRate": 1.0, "minSamples": 30, "minAgreement": 0.99}
