@@ -98,6 +98,7 @@ class Record:
     code: int  # HTTP status; 0: connection error (refused, reset, timed out)
     version: str | None = None  # model_version in the answer's body (200 only)
     error: str | None = None  # connection errors: the exception (ConnectError, ReadTimeout, ...)
+    latency: float = 0.0  # seconds from sending to the answer (or the error)
 
     @property
     def kind(self) -> str:
@@ -181,12 +182,15 @@ class LoadGenerator:
     def send(self, client: httpx.Client, text: str) -> Record:
         """One request; every outcome is a record (a connection error too)."""
         body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+        t0 = time.monotonic()
         try:
             resp = client.post(f"{self.url}/v2/models/echo/infer", json=body)
         except httpx.HTTPError as exc:
-            return Record(time.monotonic(), None, 0, error=f"{type(exc).__name__}: {exc}"[:200])
+            now = time.monotonic()
+            return Record(now, None, 0, error=f"{type(exc).__name__}: {exc}"[:200], latency=now - t0)
         version = resp.json().get("model_version") if resp.status_code == 200 else None
-        return Record(time.monotonic(), resp.headers.get(REVISION_HEADER), resp.status_code, version)
+        now = time.monotonic()
+        return Record(now, resp.headers.get(REVISION_HEADER), resp.status_code, version, latency=now - t0)
 
     def _worker(self, seed: int) -> None:
         rnd = random.Random(seed)
