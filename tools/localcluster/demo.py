@@ -324,7 +324,15 @@ def run(state_dir: Path) -> int:
             ]
         }
         print(f"{DIM}POST {url}/v2/models/{model}/infer{RESET}  (the Service's ClusterIP, via kube-proxy)")
-        r = httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
+
+        def answer() -> httpx.Response | None:
+            # kube-proxy programs the Service's rules a moment after the endpoint turns ready
+            try:
+                return httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
+            except httpx.ConnectError:
+                return None
+
+        r = demo.wait("the Service to answer", answer, timeout=30)
         r.raise_for_status()
         out = r.json()["outputs"][0]
         head = [round(x, 4) for x in out["data"][:6]]
@@ -369,6 +377,7 @@ def run(state_dir: Path) -> int:
                     "version": "3",
                     "uri": "noop://broken-build?fail_rate=0.3&delay_ms=2",
                     "format": "noop",
+                    "storage": None,  # the built-in model, not the store
                 }
             }
         }
