@@ -9,7 +9,7 @@ STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 nftables deps test test-unit test-integration test-e2e lint \
-        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-operator bench-canary crds e2e-kind shellcheck clean
+        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-operator bench-canary bench-storage crds e2e-kind shellcheck clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
@@ -18,6 +18,7 @@ help:
 	@echo "make cluster-up / cluster-down   the local Kubernetes cluster alone"
 	@echo "make bench-serving / bench-operator / bench-canary   benchmarks (results under bench/results/)"
 	@echo "make bench-serving-shadow   only the shadow-copy cost section of bench-serving"
+	@echo "make bench-storage   model fetch from the local S3 vs plain boto3; pod-Ready cold vs node cache"
 	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
 	@echo "make rehearsal   the fresh-machine rehearsal: .ci/run on a clone of main with empty Go and binary caches"
 	@echo "make e2e-kind    the e2e suite on kind with a GPU worker (docs/gpu-kind.md)"
@@ -100,6 +101,9 @@ bench-operator: deps
 
 bench-canary: deps
 	$(PY) -m bench.canary $(BENCH_CANARY_ARGS)
+
+bench-storage: deps
+	$(PY) -m bench.storage
 
 crds: venv
 	$(PY) -m modeldeploy.crdgen > crds/modeldeployment.yaml
