@@ -78,11 +78,12 @@ def minilm_md(version: str, uri: str, mode: str, ns: str, **model: Any) -> dict[
     return md
 
 
-def mangled_model_dir(tmp_path: Path) -> str:
-    """The real MiniLM files and a handler that reverses every text's words."""
+def mangled_model_dir(kube: Kube, name: str) -> str:
+    """The real MiniLM files and a handler that reverses every text's words, under the cluster's state
+    directory: process pods see the host's files, but their /tmp is an emptyDir of their own."""
     src = Path(minilm_uri().removeprefix("file://"))
-    d = tmp_path / "mangled-minilm"
-    d.mkdir()
+    d = kube.cluster.state_dir / "models" / f"mangled-minilm-{name}"
+    d.mkdir(parents=True)
     for f in src.iterdir():
         (d / f.name).symlink_to(f)
     shutil.copy(MANGLED, d / "handler.py")
@@ -189,9 +190,7 @@ def user_view(load: LoadGenerator, new: str, until: float | None) -> dict[str, A
 
 @pytest.mark.parametrize("mode", ["replicas", "gatewayAPI"])
 @pytest.mark.parametrize("model", ["same", "mangled"])
-def test_minilm_shadow_stage(
-    kube: Kube, operator: Any, namespace: str, tmp_path: Path, mode: str, model: str
-) -> None:
+def test_minilm_shadow_stage(kube: Kube, operator: Any, namespace: str, mode: str, model: str) -> None:
     ns = namespace
     uri = minilm_uri()
     kube.apply(minilm_md("1", uri, mode, ns), ns)
@@ -206,7 +205,7 @@ def test_minilm_shadow_stage(
         else:
             kube.apply(
                 minilm_md(
-                    "2", mangled_model_dir(tmp_path), mode, ns, format="custom", handler="handler.py:Handler"
+                    "2", mangled_model_dir(kube, ns), mode, ns, format="custom", handler="handler.py:Handler"
                 ),
                 ns,
             )

@@ -421,7 +421,8 @@ def run(state_dir: Path) -> int:
             "6. v4: silently wrong (a preprocessing bug: every answer 200, fast, and wrong) -- promoted today"
             " by error/latency checks alone, caught here by agreement before any user saw it"
         )
-        wrong_dir = Path(tempfile.mkdtemp(prefix="mangled-minilm-"))
+        # under the cluster's state directory: a process pod's /tmp is an emptyDir of its own
+        wrong_dir = Path(tempfile.mkdtemp(prefix="mangled-minilm-", dir=cluster.state_dir))
         for f in Path(minilm_uri().removeprefix("file://")).iterdir():
             (wrong_dir / f.name).symlink_to(f)
         shutil.copy(REPO_ROOT / "examples" / "mangled-minilm" / "handler.py", wrong_dir / "handler.py")
