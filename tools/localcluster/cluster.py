@@ -24,7 +24,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,6 +136,18 @@ class _Starter:
             f"{name} not ready after {timeout:.0f}s; log {self.layout.log(name)}:\n"
             f"{_tail(self.layout.log(name))}"
         )
+
+
+def crds_established(api: KubeAPI, crd_path: str, names: Iterable[str]) -> bool:
+    """Whether every CustomResourceDefinition in ``names`` has condition Established=True."""
+    for name in names:
+        crd = api.get(f"{crd_path}/{name}") or {}
+        if not any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in (crd.get("status") or {}).get("conditions") or []
+        ):
+            return False
+    return True
 
 
 def running_cluster(state_dir: Path) -> Cluster | None:
@@ -462,14 +474,7 @@ def _bring_up(
                 gateway_crds.append(doc["metadata"]["name"])
 
     def gateway_api_established() -> bool:
-        for name in gateway_crds:
-            crd = api.get(f"{crd_path}/{name}") or {}
-            if not any(
-                c["type"] == "Established" and c["status"] == "True"
-                for c in (crd.get("status") or {}).get("conditions") or []
-            ):
-                return False
-        return True
+        return crds_established(api, crd_path, gateway_crds)
 
     def nodes_ready() -> bool:
         items = (api.get("/api/v1/nodes") or {}).get("items", [])
@@ -585,14 +590,7 @@ def _start_keda(
     (cert_dir / "tls.key").chmod(0o600)
 
     def established() -> bool:
-        for name in crds:
-            crd = api.get(f"{crd_path}/{name}") or {}
-            if not any(
-                c["type"] == "Established" and c["status"] == "True"
-                for c in (crd.get("status") or {}).get("conditions") or []
-            ):
-                return False
-        return True
+        return crds_established(api, crd_path, crds)
 
     starter.wait_for("kube-apiserver", established, left())  # the operator's informers need them
     env = config.keda_env(kubeconfig_path)
