@@ -206,6 +206,23 @@ class Limit:
 # -- servers ------------------------------------------------------------------------------------------------
 
 
+#: the no-op model server's argv after the interpreter (``{port}`` is filled in by :class:`Proc`)
+NOOP_SERVER = (
+    "-m",
+    "modelserver",
+    "--model-format",
+    "noop",
+    "--model-name",
+    "noop",
+    "--host",
+    HOST,
+    "--port",
+    "{port}",
+    "--log-level",
+    "warning",
+)
+
+
 class Proc:
     def __init__(self, args: list[str], name: str, log_dir: Path, cpus: str | None = None) -> None:
         """``cpus``: pin the process to these CPUs (``taskset -c`` list, e.g. ``"0"``)."""
@@ -492,20 +509,7 @@ def ensure_wrk() -> str | None:
 
 def measure_overhead(seconds: float, log_dir: Path) -> dict[str, Any]:
     proc = Proc(
-        [
-            "-m",
-            "modelserver",
-            "--model-format",
-            "noop",
-            "--model-name",
-            "noop",
-            "--host",
-            HOST,
-            "--port",
-            "{port}",
-            "--log-level",
-            "warning",
-        ],
+        list(NOOP_SERVER),
         "noop",
         log_dir,
     )

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.serving import HOST, RESULTS, WRK_LUA, Proc, ensure_wrk, log, median
+from bench.serving import HOST, NOOP_SERVER, RESULTS, WRK_LUA, Proc, ensure_wrk, log, median
 from bench.serving_load import build_request, closed_loop
 
 TARGET_US = 200.0
@@ -194,20 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     wrk = ensure_wrk()
     script = log_dir / "post.lua"
     script.write_text(WRK_LUA)
-    modelserver = [
-        "-m",
-        "modelserver",
-        "--model-format",
-        "noop",
-        "--model-name",
-        "noop",
-        "--host",
-        HOST,
-        "--port",
-        "{port}",
-        "--log-level",
-        "warning",
-    ]
+    modelserver = list(NOOP_SERVER)
     servers = {
         "modelserver": Proc(modelserver, "modelserver", log_dir, cpus=server_cpus),
         "floor": Proc(
