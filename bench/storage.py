@@ -10,8 +10,9 @@ One run, on a fresh local cluster (no KEDA):
    * ``plain``: a plain ``boto3`` client (path-style), ``list_objects_v2`` then ``download_file`` of each
      object in turn, default ``TransferConfig`` (what a user would write);
    * ``fetch``: ``python -m modelserver.fetch --uri s3://... --dest DIR``, the real CLI, default settings
-     (10 concurrent requests, 8 MiB ranges, ETag check on);
-   * ``fetch --etag-check off``: the same without hashing each object against its ETag.
+     (10 concurrent requests, 8 MiB ranges, store checksums checked: the objects' CRC32 flexible
+     checksums, which boto3 writes on upload, else their ETags);
+   * ``fetch --etag-check off``: the same without checking any store checksum.
 
    Each is its own Python process (the same interpreter, so each pays the same start-up and ``import
    boto3``), timed from spawn to exit; the order rotates per round. Medians over the rounds, and the
@@ -482,7 +483,7 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     names = {
         "plain": "plain boto3 (`list_objects_v2` + `download_file` per object, default TransferConfig)",
-        "fetch": "`python -m modelserver.fetch` (defaults)",
+        "fetch": "`python -m modelserver.fetch` (defaults: every object checked against its CRC32)",
         "fetch-etag-off": "`python -m modelserver.fetch --etag-check off`",
     }
     for m in METHODS:

@@ -518,7 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--etag-check",
         choices=("on", "off"),
         default="on",
-        help="check each object against the store's ETag (MD5) where it is one (default on)",
+        help="check each object against the store's checksums: its flexible checksum (CRC32, SHA-256, "
+        "SHA-1) where it has one, else its ETag where that is an MD5 (default on)",
     )
     return p
 

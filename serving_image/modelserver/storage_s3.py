@@ -25,6 +25,7 @@ import hashlib
 import logging
 import os
 import posixpath
+import queue
 import re
 import threading
 import time
@@ -42,6 +43,7 @@ from .fetch_errors import (
     InvalidURI,
     NotFound,
 )
+from .store_checksums import SUPPORTED, StoreChecksum, combined, from_response, new_hasher, pick_algorithm
 
 log = logging.getLogger("modelserver.fetch")
 
@@ -209,6 +211,9 @@ def map_error(exc: BaseException, what: str, endpoint: str = "") -> FetchError:
         if code in ("PreconditionFailed", "412") or status == 412:
             return FetchError(f"{what}: the object changed during the download ({detail})")
         return FetchError(f"{what}: {detail}")
+    if isinstance(exc, bx.FlexibleChecksumError):
+        # botocore's own check of a whole-object GET against the store's flexible checksum
+        return ChecksumMismatch(f"{what}: the bytes do not match the store's checksum ({exc})")
     if isinstance(exc, bx.SSLError):
         return FetchError(f"{what}: TLS failure talking to {endpoint or 'the store'}: {exc}")
     if isinstance(exc, bx.ConnectTimeoutError | bx.ReadTimeoutError):
@@ -239,6 +244,11 @@ class RemoteObject:
     etag: str  # without quotes
     version_id: str | None = None
     last_modified: str = ""
+    #: the flexible checksum algorithms the store lists for it (``ChecksumAlgorithm``) and their type
+    checksum_algorithms: tuple[str, ...] = ()
+    checksum_type: str = ""
+    #: the flexible checksum's value, when a HEAD already gave it
+    checksum: StoreChecksum | None = None
 
 
 @dataclass
@@ -278,7 +288,7 @@ def resolve(client: Any, loc: S3Location, endpoint: str = "") -> Listing:
     head_denied: FetchError | None = None
     if loc.key and not loc.key.endswith("/"):
         try:
-            h = client.head_object(Bucket=loc.bucket, Key=loc.key)
+            h = client.head_object(Bucket=loc.bucket, Key=loc.key, ChecksumMode="ENABLED")
         except Exception as e:
             err = map_error(e, loc.uri, endpoint)
             if isinstance(err, AccessDenied):
@@ -287,6 +297,8 @@ def resolve(client: Any, loc: S3Location, endpoint: str = "") -> Listing:
                 raise err from e
         else:
             rel = _safe_rel(posixpath.basename(loc.key), loc.key)
+            algos = tuple(a for a in SUPPORTED if h.get(f"Checksum{a}"))
+            algo = pick_algorithm(algos)
             obj = RemoteObject(
                 loc.key,
                 rel,
@@ -294,6 +306,9 @@ def resolve(client: Any, loc: S3Location, endpoint: str = "") -> Listing:
                 _etag(h.get("ETag")),
                 h.get("VersionId"),
                 str(h.get("LastModified", "")),
+                algos,
+                str(h.get("ChecksumType") or ""),
+                from_response(h, algo) if algo else None,
             )
             return Listing(loc, "object", [obj])
     prefix = loc.key if (not loc.key or loc.key.endswith("/")) else loc.key + "/"
@@ -314,6 +329,8 @@ def resolve(client: Any, loc: S3Location, endpoint: str = "") -> Listing:
                         _etag(c.get("ETag")),
                         None,
                         str(c.get("LastModified", "")),
+                        tuple(str(a).upper() for a in c.get("ChecksumAlgorithm") or ()),
+                        str(c.get("ChecksumType") or ""),
                     )
                 )
                 if len(objects) > MAX_OBJECTS:
@@ -401,7 +418,9 @@ def human(n: float) -> str:
 @dataclass
 class FileDigest:
     sha256: str | None = None
-    verified: str = ""  # what the store's checksum check did: "etag-md5", "etag-multipart", "" (none)
+    #: what the store's checksum check did: "crc32", "crc32-composite", "sha256", ... (a flexible
+    #: checksum), "etag-md5", "etag-multipart", "" (none)
+    verified: str = ""
 
 
 def _is_md5(etag: str) -> bool:
@@ -562,11 +581,11 @@ class TransferOptions:
 
 
 class _HashingBody:
-    """A GetObject body that MD5s what is read through it and reports the digest at the end of the stream."""
+    """A GetObject body that hashes what is read through it and reports the digest when the stream ends."""
 
-    def __init__(self, body: Any, done: Callable[[str, int], None]) -> None:
+    def __init__(self, body: Any, algorithm: str, done: Callable[[bytes, int], None]) -> None:
         self._body = body
-        self._md5 = hashlib.md5(usedforsecurity=False)
+        self._hash = new_hasher(algorithm)
         self._n = 0
         self._done = done
         self._reported = False
@@ -574,11 +593,11 @@ class _HashingBody:
     def read(self, amt: int | None = None) -> bytes:
         data = self._body.read(amt)
         if data:
-            self._md5.update(data)
+            self._hash.update(data)
             self._n += len(data)
         elif not self._reported:
             self._reported = True
-            self._done(self._md5.hexdigest(), self._n)
+            self._done(self._hash.digest(), self._n)
         return data
 
     def __getattr__(self, name: str) -> Any:
@@ -586,18 +605,29 @@ class _HashingBody:
 
 
 class StreamHashes:
-    """The MD5 of every GetObject body (or range) as it streams, keyed by (bucket, key) and range start: the
-    store's ETag is checked without reading the files again."""
+    """The digest of every GetObject body (or range) as it streams, keyed by (bucket, key) and range start:
+    the store's checksum is checked without reading the files again. MD5 (for the ETag) unless
+    :meth:`use` names a flexible checksum algorithm for the object; a whole-object GET's flexible checksum
+    header is kept too."""
 
     _CTX = "modeldeploy_fetch_get"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._parts: dict[tuple[str, str], dict[int, tuple[str, int]]] = {}
+        self._parts: dict[tuple[str, str], dict[int, tuple[bytes, int]]] = {}
+        self._algorithm: dict[tuple[str, str], str] = {}
+        self._values: dict[tuple[str, str], StoreChecksum] = {}
 
     def install(self, client: Any) -> None:
         client.meta.events.register("before-parameter-build.s3.GetObject", self._before)
         client.meta.events.register("after-call.s3.GetObject", self._after)
+
+    def uninstall(self, client: Any) -> None:
+        client.meta.events.unregister("before-parameter-build.s3.GetObject", self._before)
+        client.meta.events.unregister("after-call.s3.GetObject", self._after)
+
+    def use(self, bucket: str, key: str, algorithm: str) -> None:
+        self._algorithm[(bucket, key)] = algorithm
 
     def _before(self, params: dict[str, Any], context: dict[str, Any], **kw: Any) -> None:
         context[self._CTX] = (params.get("Bucket"), params.get("Key"), params.get("Range"))
@@ -609,26 +639,41 @@ class StreamHashes:
         bucket, key, rng = info
         m = re.match(r"bytes=(\d+)-", rng or "")
         start = int(m.group(1)) if m else 0
+        algorithm = self._algorithm.get((bucket, key), "MD5")
+        if rng is None and algorithm != "MD5":
+            value = from_response(parsed, algorithm)
+            if value is not None:
+                with self._lock:
+                    self._values[(bucket, key)] = value
 
-        def done(md5: str, n: int) -> None:
+        def done(digest: bytes, n: int) -> None:
             with self._lock:
-                self._parts.setdefault((bucket, key), {})[start] = (md5, n)
+                self._parts.setdefault((bucket, key), {})[start] = (digest, n)
 
-        parsed["Body"] = _HashingBody(parsed["Body"], done)
+        parsed["Body"] = _HashingBody(parsed["Body"], algorithm, done)
+
+    def ranges(self, bucket: str, key: str) -> dict[int, tuple[bytes, int]]:
+        """Each completed GET of the object: range start -> (digest, bytes)."""
+        with self._lock:
+            return dict(self._parts.get((bucket, key), {}))
+
+    def value(self, bucket: str, key: str) -> StoreChecksum | None:
+        """The flexible checksum a whole-object GET of the object answered with."""
+        with self._lock:
+            return self._values.get((bucket, key))
 
     def etag_of(self, bucket: str, key: str, part_sizes: list[int] | None) -> str | None:
         """The ETag the streamed bytes make: their MD5 (one GET, ``part_sizes`` None), or the MD5 of the
         parts' MD5s + ``-N`` when each part came in one ranged GET; None otherwise."""
-        with self._lock:
-            got = dict(self._parts.get((bucket, key), {}))
+        got = self.ranges(bucket, key)
         if part_sizes is None:
-            return got[0][0] if 0 in got and len(got) == 1 else None
+            return got[0][0].hex() if 0 in got and len(got) == 1 else None
         digests, start = [], 0
         for size in part_sizes:
             md5_n = got.get(start)
             if md5_n is None or md5_n[1] != size:
                 return None
-            digests.append(bytes.fromhex(md5_n[0]))
+            digests.append(md5_n[0])
             start += size
         return hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest() + f"-{len(part_sizes)}"
 
@@ -640,10 +685,65 @@ class _Plan:
     obj: RemoteObject
     #: the ranged-GET size (None: one GET)
     chunk: int | None
+    #: "flex": the store's flexible checksum (CRC32, SHA-256, SHA-1), from the ranges' digests;
     #: "md5": one GET, MD5 as it streams; "multipart": one GET per upload part; "reread": hash the file
     #: afterwards; "none": the ETag is no checksum; "off": not asked for
     check: str
     part_sizes: list[int] | None = None
+    #: "flex": the algorithm, and the value when a HEAD gave it (else the whole-object GET's answer has it)
+    algorithm: str = ""
+    expected: StoreChecksum | None = None
+
+
+def _head_checksum(client: Any, bucket: str, obj: RemoteObject, algorithm: str) -> StoreChecksum | None:
+    if obj.checksum is not None and obj.checksum.algorithm == algorithm:
+        return obj.checksum
+    extra = {"VersionId": obj.version_id} if obj.version_id else {}
+    try:
+        h = client.head_object(Bucket=bucket, Key=obj.key, ChecksumMode="ENABLED", **extra)
+    except Exception:
+        return None
+    return from_response(h, algorithm)
+
+
+def _flex_plan(client: Any, bucket: str, obj: RemoteObject, opts: TransferOptions) -> _Plan | None:
+    """The plan that checks the store's flexible checksum of ``obj``; None when it has none we can check."""
+    algorithm = pick_algorithm(obj.checksum_algorithms)
+    if not algorithm:
+        return None
+    big = obj.size >= opts.threshold
+    known = obj.checksum if obj.checksum is not None and obj.checksum.algorithm == algorithm else None
+    parts = _multipart_count(obj.etag)
+    composite = (
+        obj.checksum_type == "COMPOSITE"
+        or (known is not None and known.kind == "COMPOSITE")
+        # a store that gives no checksum type: a multipart upload's checksum is a COMPOSITE one (S3's rule
+        # before FULL_OBJECT checksums; moto also leaves out the "-N")
+        or (not obj.checksum_type and parts > 1)
+    )
+    if not composite and not big:
+        # one GET: its answer carries the value
+        return _Plan(obj, None, "flex", None, algorithm, known)
+    expected = _head_checksum(client, bucket, obj, algorithm)
+    if expected is None:
+        return None
+    if not expected.kind:
+        if parts > 1:
+            expected = StoreChecksum(algorithm, "COMPOSITE", f"{expected.value}-{parts}")
+        else:
+            expected = StoreChecksum(algorithm, "FULL_OBJECT", expected.value)
+    if expected.kind == "COMPOSITE":
+        if expected.parts == 1:
+            return _Plan(obj, None, "flex", [obj.size], algorithm, expected)
+        sizes = _part_sizes(client, bucket, obj, expected.parts, uniform=True)
+        if sizes is None:
+            return None
+        return _Plan(obj, sizes[0], "flex", sizes, algorithm, expected)
+    if algorithm in ("CRC32",):
+        return _Plan(obj, opts.chunk_size, "flex", None, algorithm, expected)
+    if obj.size <= opts.single_stream_max:
+        return _Plan(obj, None, "flex", None, algorithm, expected)
+    return None
 
 
 def _plan(client: Any, bucket: str, objects: list[RemoteObject], opts: TransferOptions) -> list[_Plan]:
@@ -653,6 +753,9 @@ def _plan(client: Any, bucket: str, objects: list[RemoteObject], opts: TransferO
         big = obj.size >= opts.threshold
         if not opts.etag_check:
             return _Plan(obj, opts.chunk_size if big else None, "off")
+        flex = _flex_plan(client, bucket, obj, opts)
+        if flex is not None:
+            return flex
         if _is_md5(obj.etag):
             if obj.size <= opts.single_stream_max:
                 return _Plan(obj, None, "md5")
@@ -665,9 +768,15 @@ def _plan(client: Any, bucket: str, objects: list[RemoteObject], opts: TransferO
             return _Plan(obj, opts.chunk_size if big else None, "reread")
         return _Plan(obj, opts.chunk_size if big else None, "none")
 
-    multipart = [o for o in objects if _multipart_count(o.etag) and opts.etag_check]
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(multipart) or 1))) as ex:
-        plans = {o.key: p for o, p in zip(multipart, ex.map(one, multipart), strict=True)}
+    def asks(o: RemoteObject) -> bool:
+        """Whether planning ``o`` sends requests (HEADs): those are planned in parallel."""
+        return opts.etag_check and (
+            bool(_multipart_count(o.etag)) or (bool(o.checksum_algorithms) and o.size >= opts.threshold)
+        )
+
+    asking = [o for o in objects if asks(o)]
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(asking) or 1))) as ex:
+        plans = {o.key: p for o, p in zip(asking, ex.map(one, asking), strict=True)}
     return [plans[o.key] if o.key in plans else one(o) for o in objects]
 
 
@@ -681,6 +790,28 @@ def _verify(
     sha = None
     if want_sha256:
         sha, _, _ = hash_file(path, None, True, False)
+    if plan.check == "flex":
+        expected = plan.expected or hashes.value(bucket, obj.key)
+        ranges = hashes.ranges(bucket, obj.key)
+        got = combined(expected, ranges, obj.size, plan.part_sizes) if expected is not None else None
+        if expected is not None and got is not None:
+            if got == expected.value:
+                return FileDigest(sha, expected.algorithm.lower() + ("-composite" if expected.parts else ""))
+            # a store may word its checksum otherwise than we read it: the ETag decides, read again
+            d = verify_file(client, bucket, obj, path, want_sha256=False)
+            if not d.verified:
+                raise ChecksumMismatch(
+                    f"{where}: {expected.algorithm} {got} of the bytes does not match the store's checksum "
+                    f"{expected.value}"
+                )
+            log.warning(
+                f"{expected.algorithm} {expected.value} of the store not understood; the ETag matched",
+                extra={"object": where},
+            )
+            return FileDigest(sha, d.verified)
+        # no value in the answer, or ranges that do not make it (a retried range): the ETag, re-read
+        d = verify_file(client, bucket, obj, path, want_sha256=False)
+        return FileDigest(sha, d.verified)
     if plan.check in ("md5", "multipart"):
         got = hashes.etag_of(bucket, obj.key, plan.part_sizes if plan.check == "multipart" else None)
         if got == obj.etag.lower():
@@ -722,9 +853,11 @@ def download(
     checksum; the sha256 of each file when ``want_sha256``. Raises a :class:`FetchError`.
 
     Objects go in groups of equal ranged-GET size (one s3transfer TransferManager each, one group after the
-    other, so that ``opts.concurrency`` bounds the requests in flight): a multipart object's ranges are its
-    upload parts, whose MD5s, taken as they stream, make its ETag; a single-part object up to
-    ``single_stream_max`` comes in one GET whose MD5 is its ETag."""
+    other, so that ``opts.concurrency`` bounds the requests in flight). Each range is hashed as it streams:
+    with the store's flexible checksum where it has one we compute (a FULL_OBJECT CRC32 is combined from
+    ranges of any size; a COMPOSITE one needs one range per upload part), else with MD5 for the ETag (a
+    multipart object's ranges are its upload parts; a single-part object up to ``single_stream_max``
+    comes in one GET whose MD5 is its ETag)."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
     from boto3.s3.transfer import TransferConfig, create_transfer_manager
@@ -745,6 +878,9 @@ def download(
         def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
             progress.add(bytes_transferred)
 
+        def on_done(self, future: Any, **kwargs: Any) -> None:
+            events.put(future)
+
     def mapped(e: BaseException, obj: RemoteObject) -> FetchError:
         return map_error(e, f"s3://{bucket}/{obj.key}", endpoint)
 
@@ -755,10 +891,16 @@ def download(
     hashes = StreamHashes()
     if opts.etag_check:
         hashes.install(client)
+        for plan in plans:
+            if plan.check == "flex":
+                hashes.use(bucket, plan.obj.key, plan.algorithm)
     groups: dict[int | None, list[_Plan]] = {}
     for plan in plans:
         groups.setdefault(plan.chunk, []).append(plan)
     hasher = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="verify")
+    # finished downloads and checks, as they finish: no polling interval between a transfer's end and its
+    # check, or between one group and the next
+    events: queue.Queue[Any] = queue.Queue()
     hashing: dict[Future[FileDigest], RemoteObject] = {}
     digests: dict[str, FileDigest] = {}
     ok = False
@@ -786,32 +928,43 @@ def download(
                 pending[fut] = plan
             while pending:
                 _tick(listing, deadline, cancelled)
-                for fut in [f for f in pending if f.done()]:
-                    plan = pending.pop(fut)
+                done = _next_event(events)
+                if done in pending:
+                    plan = pending.pop(done)
                     try:
-                        fut.result()
+                        done.result()
                     except Exception as e:
                         raise mapped(e, plan.obj) from e
                     path = into / plan.obj.rel
-                    hashing[hasher.submit(_verify, client, bucket, plan, path, hashes, want_sha256)] = (
-                        plan.obj
-                    )
+                    hf = hasher.submit(_verify, client, bucket, plan, path, hashes, want_sha256)
+                    hashing[hf] = plan.obj
+                    hf.add_done_callback(events.put)
                 _collect(hashing, digests, mapped)
                 progress.maybe_log()
-                time.sleep(0.02)
             manager.shutdown()
             manager = None
         while hashing:
             _tick(listing, deadline, cancelled)
+            _next_event(events)
             _collect(hashing, digests, mapped)
-            time.sleep(0.02)
         ok = True
     finally:
+        if opts.etag_check:
+            hashes.uninstall(client)
         hasher.shutdown(wait=ok, cancel_futures=True)
         if manager is not None:
             # cancel what runs; threads blocked in a read end at the read timeout: do not wait for them
             threading.Thread(target=manager.shutdown, kwargs={"cancel": True}, daemon=True).start()
     return digests
+
+
+def _next_event(events: queue.Queue[Any], timeout: float = 0.1) -> Any:
+    """The next finished transfer or check; None after ``timeout`` (the deadline and cancellation are
+    checked at least that often)."""
+    try:
+        return events.get(timeout=timeout)
+    except queue.Empty:
+        return None
 
 
 def _tick(listing: Listing, deadline: float, cancelled: Callable[[], bool]) -> None:

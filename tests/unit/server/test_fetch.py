@@ -6,6 +6,7 @@ not do: a 403 for any credentials, 500s for ever, a socket that accepts and neve
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.server
 import json
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -215,6 +217,83 @@ def test_large_objects_ranged_and_multipart_etag(s3_env, s3, bucket, tmp_path: P
     assert checked and checked[-1].verified == 2
 
 
+def test_flexible_crc32_checked_from_the_ranges_with_no_md5(s3_env, s3, bucket, tmp_path: Path, monkeypatch):
+    """Objects with a CRC32 flexible checksum (what current SDKs upload) are checked with it: a single-part
+    object fetched in ranges of any size (the ranges' CRCs combined), a multipart one part by part, a small
+    one in one GET; no MD5 is computed and no file is read again."""
+    import modelserver.storage_s3 as s3mod
+    from boto3.s3.transfer import TransferConfig
+
+    big, multi, small = os.urandom(9 * MiB + 3), os.urandom(11 * MiB), b"tiny" * 100
+    s3.put_object(Bucket=bucket, Key="m/big.bin", Body=big)
+    (tmp_path / "mp").write_bytes(multi)
+    s3.upload_file(
+        str(tmp_path / "mp"),
+        bucket,
+        "m/multi.bin",
+        Config=TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB),
+    )
+    s3.put_object(Bucket=bucket, Key="m/small.bin", Body=small)
+    used: list[str] = []
+    real = s3mod.new_hasher
+
+    def recording(algorithm: str) -> Any:
+        used.append(algorithm)
+        return real(algorithm)
+
+    def no_reread(*a: Any, **kw: Any) -> Any:
+        raise AssertionError("the check read the file again")
+
+    monkeypatch.setattr(s3mod, "new_hasher", recording)
+    monkeypatch.setattr(s3mod, "hash_file", no_reread)
+    client = s3mod.make_client(S3Settings.from_env(), ClientOptions())
+    listing = s3mod.resolve(client, parse_s3_uri(f"s3://{bucket}/m/"))
+    assert all(o.checksum_algorithms == ("CRC32",) for o in listing.objects)
+    into = tmp_path / "out"
+    into.mkdir()
+    digests = s3mod.download(
+        client,
+        listing,
+        into,
+        opts=TransferOptions(threshold=2 * MiB, chunk_size=2 * MiB, concurrency=4),
+        progress=s3mod.Progress(listing.total_bytes),
+        want_sha256=False,
+        deadline=time.monotonic() + 60,
+    )
+    assert {rel: d.verified for rel, d in digests.items()} == {
+        "big.bin": "crc32",
+        "multi.bin": "crc32-composite",
+        "small.bin": "crc32",
+    }
+    assert read_tree(into) == {"big.bin": big, "multi.bin": multi, "small.bin": small}
+    assert "MD5" not in used and used.count("CRC32") == 5 + 3 + 1  # big in 2 MiB ranges, 3 parts, 1 GET
+
+
+def test_a_flexible_checksum_mismatch_is_settled_by_the_etag(s3_env, s3, bucket, tmp_path: Path, caplog):
+    """A store whose flexible checksum we read wrongly does not fail a good download: the ETag (the file
+    read again) decides. Bytes that match neither are a ChecksumMismatch."""
+    import modelserver.storage_s3 as s3mod
+    from modelserver.store_checksums import StoreChecksum
+
+    data = os.urandom(1000)
+    s3.put_object(Bucket=bucket, Key="one.bin", Body=data)
+    client = s3mod.make_client(S3Settings.from_env(), ClientOptions())
+    obj = s3mod.resolve(client, parse_s3_uri(f"s3://{bucket}/one.bin")).objects[0]
+    wrong = StoreChecksum("CRC32", "FULL_OBJECT", "AAAAAA==")
+    plan = s3mod._Plan(obj, None, "flex", None, "CRC32", wrong)
+    hashes = s3mod.StreamHashes()
+    hashes._parts[(bucket, obj.key)] = {0: (zlib.crc32(data).to_bytes(4, "big"), len(data))}
+    good = tmp_path / "good.bin"
+    good.write_bytes(data)
+    with caplog.at_level("WARNING", logger="modelserver.fetch"):
+        assert s3mod._verify(client, bucket, plan, good, hashes, want_sha256=False).verified == "etag-md5"
+    assert any("not understood; the ETag matched" in r.getMessage() for r in caplog.records)
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(bytes([data[0] ^ 1]) + data[1:])
+    with pytest.raises(ChecksumMismatch, match="does not match the store's ETag"):
+        s3mod._verify(client, bucket, plan, bad, hashes, want_sha256=False)
+
+
 def test_prefix_sha256_is_the_directory_digest(s3_env, s3, bucket, tmp_path: Path):
     put_tree(s3, bucket, "m", MODEL)
     local = tmp_path / "local"
@@ -383,6 +462,17 @@ class _Stub(http.server.BaseHTTPRequestHandler):
             # the store's ETag is the MD5 of b"A" * 1000, the bytes it sends are not
             etag = '"' + hashlib.md5(b"A" * 1000).hexdigest() + '"'
             self._send(200, b"B" * 1000, {"ETag": etag, "Content-Type": "application/octet-stream"})
+        elif self.mode == "tamper-crc":
+            # ETag and CRC32 of b"A" * 1000 (the store's records), the bytes it sends are not
+            good = b"A" * 1000
+            crc = base64.b64encode(zlib.crc32(good).to_bytes(4, "big")).decode()
+            headers = {
+                "ETag": '"' + hashlib.md5(good).hexdigest() + '"',
+                "x-amz-checksum-crc32": crc,
+                "x-amz-checksum-type": "FULL_OBJECT",
+                "Content-Type": "application/octet-stream",
+            }
+            self._send(200, b"B" * 1000, headers)
         elif self.mode == "hang-get":
             if self.command == "HEAD":
                 self._send(200, b"", {"Content-Length": "10", "ETag": '"' + "1" * 32 + '"'})
@@ -439,6 +529,16 @@ def test_tampered_object_is_a_checksum_mismatch(s3_env, stub, tmp_path: Path, mo
     monkeypatch.setenv("S3_ENDPOINT", url)
     dest = tmp_path / "d"
     with pytest.raises(ChecksumMismatch, match="does not match the store's ETag"):
+        fetch_model("s3://models/m/model.bin", dest, opts())
+    assert not dest.exists()
+    no_staging_left(dest)
+
+
+def test_tampered_object_against_its_crc32_is_a_checksum_mismatch(s3_env, stub, tmp_path: Path, monkeypatch):
+    url, _ = stub("tamper-crc")
+    monkeypatch.setenv("S3_ENDPOINT", url)
+    dest = tmp_path / "d"
+    with pytest.raises(ChecksumMismatch, match="store's checksum"):
         fetch_model("s3://models/m/model.bin", dest, opts())
     assert not dest.exists()
     no_staging_left(dest)
