@@ -40,7 +40,9 @@ def default_image() -> str:
 #: a ModelDeployment's name becomes part of ``<name>-<revision>`` Service names (DNS-1035, 63 chars)
 MAX_NAME_LENGTH = 52
 
-DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+#: the Gateway API's duration format (GEP-2257): 1 to 4 parts of 1 to 5 digits and a unit h, m, s or ms
+#: (no fractions, no sign, no spaces; parts add up: "1h30m", "1m500ms"); the CRD validates the same
+DURATION_PATTERN = r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"
 _NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
 QUANTITY_PATTERN = rf"^{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_NUMBER}))?$"
 NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$"
@@ -54,14 +56,14 @@ S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
 #: ``pvc://claim`` or ``pvc://claim/path/in/the/volume`` (a claim name is a DNS-1123 subdomain)
 PVC_URI_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?(/.*)?$"
 
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def parse_duration(value: str) -> float:
-    """Seconds in a Go-style duration of ``ms``/``s``/``m``/``h`` parts (``"1m30s"`` -> 90.0)."""
+    """Seconds in a Gateway API duration (GEP-2257, :data:`DURATION_PATTERN`): ``"1m30s"`` -> 90.0."""
     if not re.fullmatch(DURATION_PATTERN, value):
-        raise ValueError(f"not a duration (e.g. 30s, 1m, 1h30m): {value!r}")
+        raise ValueError(f"not a duration (GEP-2257, e.g. 30s, 1m, 1h30m, 500ms): {value!r}")
     return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(value))
 
 

@@ -13,50 +13,23 @@ can be passed as ``ignore`` so that they do not cause an apply on every reconcil
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
+
+from kubernetes.utils import parse_quantity
 
 from .builders import ANNOTATION_APPLIED
 
 Path = tuple[str | int, ...]
 
-_SUFFIX = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-}
 
-
-def parse_quantity(value: Any) -> Decimal | None:
-    """A Kubernetes quantity as a Decimal (None when it is not one)."""
-    if isinstance(value, bool):
+def quantity(value: Any) -> Decimal | None:
+    """A Kubernetes quantity's value (``kubernetes.utils.parse_quantity``); None when it is not one."""
+    if isinstance(value, bool) or value is None:
         return None
-    if isinstance(value, int | float):
-        return Decimal(str(value))
-    if not isinstance(value, str) or not value:
-        return None
-    s = value.strip()
-    for suffix in sorted(_SUFFIX, key=len, reverse=True):
-        if s.endswith(suffix) and s[: -len(suffix)]:
-            try:
-                return Decimal(s[: -len(suffix)]) * Decimal(str(_SUFFIX[suffix]))
-            except InvalidOperation:
-                return None
     try:
-        return Decimal(s)
-    except InvalidOperation:
+        return parse_quantity(value)
+    except (ValueError, TypeError):
         return None
 
 
@@ -93,7 +66,7 @@ def mismatches(desired: Any, live: Any, path: Path = ()) -> list[Path]:
     if desired == live:
         return []
     if _is_quantity_path(path):
-        a, b = parse_quantity(desired), parse_quantity(live)
+        a, b = quantity(desired), quantity(live)
         if a is not None and a == b:
             return []
     return [path]

@@ -49,17 +49,59 @@ def test_python_names_are_accepted_too():
     assert s.node_selector == {"a": "b"}
 
 
+# The Gateway API's duration format (GEP-2257): ^([0-9]{1,5}(h|m|s|ms)){1,4}$, parts add up.
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("1s", 1), ("500ms", 0.5), ("1m30s", 90), ("2h", 7200), ("1.5m", 90)]
+    ("text", "seconds"),
+    [
+        ("1s", 1),
+        ("0s", 0),
+        ("500ms", 0.5),
+        ("1m30s", 90),
+        ("2h", 7200),
+        ("1h30m", 5400),
+        ("1m500ms", 60.5),  # "1m" then "500ms", not "1ms"
+        ("99999s", 99999),  # five digits
+        ("1h1m1s1ms", 3661.001),  # four parts
+        ("1s1s", 2),  # the format allows a unit twice; the parts add up
+    ],
 )
 def test_parse_duration(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "1", "1d", "soon", "-1s"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "1",
+        "1d",
+        "soon",
+        "-1s",
+        "1.5m",  # no fractions
+        "100000s",  # six digits
+        "1h1m1s1ms1s",  # five parts
+        "1 s",
+        " 1s",
+        "1S",
+        "1us",
+        "1ns",
+    ],
+)
 def test_parse_duration_refuses(text):
     with pytest.raises(ValueError):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("text", ["1.5m", "100000s", "1h1m1s1ms1s", "1d"])
+def test_the_crd_refuses_what_parse_duration_refuses(text):
+    """The schema (and so the CRD) uses the same pattern: a spec field refuses the same strings."""
+    from pydantic import ValidationError
+
+    spec = {"model": {"name": "m", "uri": "file:///m"}, "rollout": {"interval": text}}
+    with pytest.raises(ValidationError):
+        ModelDeploymentSpec.model_validate(spec)
+    spec["rollout"]["interval"] = "1m30s"
+    assert ModelDeploymentSpec.model_validate(spec).rollout.interval == "1m30s"
 
 
 def _path(field: str) -> list[str | int]:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from modeldeploy import builders as b
 from modeldeploy.api import Condition, ModelDeploymentStatus
-from modeldeploy.diff import mismatches, needs_apply, parse_quantity
+from modeldeploy.diff import mismatches, needs_apply, quantity
 from modeldeploy.status import (
     ConditionSpec,
     count_pods,
@@ -85,12 +85,13 @@ def test_ignored_paths():
     assert not needs_apply(d, live, frozenset({("spec", "ports", 0, "port")}))
 
 
-def test_parse_quantity():
-    assert parse_quantity("2Gi") == 2 * 2**30
-    assert parse_quantity("500m") == parse_quantity("0.5")
-    assert parse_quantity(2) == parse_quantity("2")
-    assert parse_quantity("1e3") == 1000
-    assert parse_quantity("lots") is None
+def test_quantity():
+    assert quantity("2Gi") == 2 * 2**30
+    assert quantity("500m") == quantity("0.5")
+    assert quantity(2) == quantity("2")
+    assert quantity("1e3") == 1000
+    assert quantity("lots") is None
+    assert quantity(None) is None and quantity(True) is None and quantity("") is None
 
 
 # ---------------------------------------------------------------------------------------------- pods
