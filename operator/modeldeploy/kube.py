@@ -1,9 +1,31 @@
-"""A thin, synchronous Kubernetes REST client over plain dicts (JSON in, JSON out).
+"""The one Kubernetes client of ModelDeploy: a thin wrapper over the ``kubernetes`` package's
+:class:`~kubernetes.dynamic.DynamicClient`, plain dicts in and out.
 
-The ``kubernetes`` package is used only to load the connection settings (``KUBECONFIG`` or the
-in-cluster service account); requests go through one ``urllib3`` pool. Every write is counted in the
-operator metrics (``modeldeploy_writes_total{kind,verb}``), which is how the benchmark and the tests
-see that a reconcile with nothing to change writes nothing.
+The operator, the ``kubectl-modeldeploy`` plugin, the local cluster's tooling (``localcluster``: the
+node agent, bring-up, the demo, the test fixtures) and the benchmarks all talk to the apiserver through
+:class:`Kube`:
+
+- connection settings, TLS, auth plugins and token refresh from ``kubernetes.config`` (``KUBECONFIG``,
+  a given kubeconfig file, or the in-cluster service account);
+- one :class:`kubernetes.client.ApiClient` (one urllib3 pool, sized for the caller's threads,
+  ``Configuration.connection_pool_maxsize``), retries on connection errors and on 429/5xx answers for
+  the idempotent verbs only (GET, HEAD, PUT, DELETE, OPTIONS: urllib3 ``Retry`` via
+  ``Configuration.retries``; a PATCH or POST is never sent twice);
+- discovery by the dynamic client, in memory (no cache file): a :class:`ResourceType` is looked up once
+  and memoized, so a call costs no discovery round trip; a kind the server did not serve when the
+  client was made (a CRD installed later: ModelDeployment, KEDA's ScaledObject, HTTPRoute) refreshes
+  discovery once on the miss, and a kind still unknown answers like the apiserver would, a 404;
+- server-side apply with our field manager (``force``), get, list (paged), create, delete (background
+  propagation, optional uid precondition), JSON merge and strategic merge patches (also of a
+  subresource), and for the local cluster's tooling the same calls addressed by path plus a watch;
+- one error type, :class:`KubeError` (status, parsed Status body, method, path), for every non-2xx
+  answer; connection failures left after the retries propagate as ``urllib3.exceptions.HTTPError``;
+- every write counted in ``modeldeploy_writes_total{kind,verb}`` and every typed read in
+  ``modeldeploy_reads_total{kind,verb}`` (operator metrics), which is how the benchmark and the tests
+  see that a reconcile with nothing to change writes nothing.
+
+Responses are not wrapped in the dynamic client's ``ResourceInstance``: its serializer is replaced by the
+identity, so an answer is the parsed JSON dict the pure code, the childcache and the tests work on.
 """
 
 from __future__ import annotations
@@ -11,30 +33,73 @@ from __future__ import annotations
 import json
 import logging
 import os
-import ssl
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
 
 import urllib3
+from kubernetes import client as kclient
+from kubernetes import config as kconfig
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.discovery import LazyDiscoverer
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
+from kubernetes.watch.watch import iter_resp_lines
+from urllib3.util.retry import Retry
 
 from . import metrics
 
 log = logging.getLogger(__name__)
 
+#: the verbs a retry cannot apply twice (urllib3 retries reads and status answers only for these)
+IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+#: the operator's User-Agent: the audit log tells its requests (and the benchmark its writes) by it
+USER_AGENT = "modeldeploy-operator"
+
+
+def default_retries() -> Retry:
+    """Connection errors for any verb (nothing was sent); read errors and 429/5xx answers only for the
+    idempotent verbs; ``Retry-After`` honoured; the last answer returned, not raised, when they run out."""
+    return Retry(
+        total=4,
+        connect=3,
+        read=2,
+        status=3,
+        backoff_factor=0.2,
+        status_forcelist=RETRY_STATUS,
+        allowed_methods=IDEMPOTENT,
+        respect_retry_after_header=True,
+        raise_on_status=False,
+    )
+
 
 class KubeError(Exception):
-    """A non-2xx answer of the apiserver."""
+    """A non-2xx answer of the apiserver (or a kind it does not serve: 404)."""
 
-    def __init__(self, status: int, body: dict[str, Any] | str, method: str, path: str):
+    def __init__(self, status: int, body: dict[str, Any] | str, method: str = "", path: str = ""):
         self.status = status
         self.body = body
         self.method = method
         self.path = path
-        msg = body.get("message", "") if isinstance(body, dict) else str(body)[:500]
-        super().__init__(f"{method} {path}: {status} {msg}")
+        super().__init__(f"{method} {path}: {status} {self.message[:500]}")
+
+    @classmethod
+    def from_api_exception(cls, e: ApiException, method: str, path: str) -> KubeError:
+        raw = e.body
+        if isinstance(raw, bytes):
+            raw = raw.decode(errors="replace")
+        body: dict[str, Any] | str = raw or e.reason or ""
+        if isinstance(raw, str) and raw.startswith("{"):
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, dict):
+                body = parsed
+        return cls(int(e.status or 0), body, method, path)
 
     @property
     def namespace_terminating(self) -> bool:
@@ -52,12 +117,12 @@ class KubeError(Exception):
 
     @property
     def message(self) -> str:
-        return self.body.get("message", "") if isinstance(self.body, dict) else str(self.body)
+        return str(self.body.get("message", "")) if isinstance(self.body, dict) else str(self.body)
 
 
 @dataclass(frozen=True)
 class ResourceType:
-    """Where a kind lives in the REST API."""
+    """A kind the operator addresses (the dynamic client resolves it to its REST resource)."""
 
     group: str  # "" for the core group
     version: str
@@ -70,12 +135,13 @@ class ResourceType:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     def path(self, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+        """The REST path (for messages and for the path-addressed calls)."""
         base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
         if self.namespaced and namespace is not None:
-            base += f"/namespaces/{quote(namespace)}"
+            base += f"/namespaces/{namespace}"
         base += f"/{self.plural}"
         if name is not None:
-            base += f"/{quote(name)}"
+            base += f"/{name}"
         if sub is not None:
             base += f"/{sub}"
         return base
@@ -115,114 +181,175 @@ def resource_type_of(obj: Mapping[str, Any]) -> ResourceType:
     return BY_KIND[obj["kind"]]
 
 
+def _as_is(_client: Any, obj: Any) -> Any:
+    """The dynamic client's serializer hook: keep the parsed JSON (no ``ResourceInstance``)."""
+    return obj
+
+
+class _DynamicClient(DynamicClient):
+    """The dynamic client with a default (connect, read) timeout on every request, its own discovery's
+    included (the library sends those without one: a hung apiserver would hang the caller forever)."""
+
+    request_timeout: tuple[float, float] = (5.0, 30.0)
+
+    def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
+        params.setdefault("_request_timeout", self.request_timeout)
+        return super().request(method, path, body=body, **params)
+
+
+class _InMemoryDiscoverer(LazyDiscoverer):
+    """The dynamic client's lazy discovery without its cache file (a file in /tmp shared by every
+    process that talks to the same host: stale across local clusters, written concurrently, and not
+    writable in a read-only pod). Each client discovers once, then refreshes on a miss."""
+
+    def _write_cache(self) -> None:
+        pass
+
+
+#: a cache path that never exists, so the discoverer starts from the server (and never writes it)
+_NO_CACHE_FILE = "/nonexistent/modeldeploy-discovery-in-memory.json"
+
+
+def _plural_of(path: str) -> str:
+    """``pods`` for ``/api/v1/namespaces/ns/pods/x/status`` (the label of a path-addressed call)."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    parts = parts[2:] if parts and parts[0] == "api" else parts[3:]  # drop api/v1 or apis/g/v
+    if parts[:1] == ["namespaces"] and len(parts) > 2:
+        parts = parts[2:]
+    return parts[0] if parts else "?"
+
+
 class Kube:
-    """Synchronous JSON client; thread-safe (one urllib3 pool shared by the reconcile threads)."""
+    """Synchronous client over plain dicts; thread-safe (one pool shared by the caller's threads)."""
 
     def __init__(
         self,
-        host: str,
+        configuration: kclient.Configuration,
         *,
-        ca_cert: str | None = None,
-        cert_file: str | None = None,
-        key_file: str | None = None,
-        verify: bool = True,
-        token: str | None = None,
-        token_refresher: Any = None,
         pool_size: int = 8,
         timeout: float = 30.0,
+        user_agent: str = USER_AGENT,
     ):
-        self.host = host.rstrip("/")
-        self._token = token
-        self._token_refresher = token_refresher
+        configuration.connection_pool_maxsize = pool_size
+        if configuration.retries is None:
+            configuration.retries = default_retries()
+        if not configuration.verify_ssl and configuration.host.startswith("https"):
+            log.warning("TLS verification of the apiserver is off (insecure-skip-tls-verify)")
+            urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        self.configuration = configuration
+        self.host = configuration.host
+        self.api_client = kclient.ApiClient(configuration)
+        self.api_client.user_agent = user_agent
+        self._timeout = (5.0, timeout)  # connect, read
         self._lock = threading.Lock()
-        kwargs: dict[str, Any] = {"maxsize": pool_size, "block": True, "retries": False}
-        if self.host.startswith("https"):
-            kwargs["cert_reqs"] = ssl.CERT_REQUIRED if verify else ssl.CERT_NONE
-            if not verify:  # the kubeconfig asked for it (insecure-skip-tls-verify); say it once
-                log.warning("TLS verification of the apiserver is off (insecure-skip-tls-verify)")
-                urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
-            if ca_cert:
-                kwargs["ca_certs"] = ca_cert
-            if cert_file:
-                kwargs["cert_file"] = cert_file
-            if key_file:
-                kwargs["key_file"] = key_file
-        self._pool = urllib3.PoolManager(num_pools=4, **kwargs)
-        self._timeout = urllib3.Timeout(connect=5.0, read=timeout)
+        self._dynamic: DynamicClient | None = None
+        self._resources: dict[tuple[str, str, str | None], Any] = {}
 
     # -------------------------------------------------------------------------------- construction
     @classmethod
-    def from_environment(cls, pool_size: int = 8) -> Kube:
+    def from_environment(cls, pool_size: int = 8, timeout: float = 30.0, **kw: Any) -> Kube:
         """In-cluster service account when running in a pod, otherwise ``KUBECONFIG`` (or ~/.kube/config)."""
-        from kubernetes import client, config  # imported lazily: only for the settings
-
-        cfg = client.Configuration()
+        cfg = kclient.Configuration()
         if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-            config.load_incluster_config(client_configuration=cfg)
+            kconfig.load_incluster_config(client_configuration=cfg)
         else:
-            config.load_kube_config(client_configuration=cfg)
-        auth = cfg.auth_settings().get("BearerToken")
-        token = auth["value"] if auth else None
-        refresher = cfg.refresh_api_key_hook
-        return cls(
-            cfg.host,
-            ca_cert=cfg.ssl_ca_cert,
-            cert_file=cfg.cert_file,
-            key_file=cfg.key_file,
-            verify=bool(cfg.verify_ssl),
-            token=token,
-            token_refresher=(lambda: (refresher(cfg), cfg.auth_settings()["BearerToken"]["value"])[1])
-            if refresher
-            else None,
-            pool_size=pool_size,
-        )
+            kconfig.load_kube_config(client_configuration=cfg)
+        return cls(cfg, pool_size=pool_size, timeout=timeout, **kw)
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | Path, pool_size: int = 8, timeout: float = 30.0, **kw: Any) -> Kube:
+        """A kubeconfig file's current context (client certificate, token or exec plugin)."""
+        cfg = kclient.Configuration()
+        kconfig.load_kube_config(config_file=str(path), client_configuration=cfg)
+        return cls(cfg, pool_size=pool_size, timeout=timeout, **kw)
+
+    @classmethod
+    def for_host(cls, host: str, token: str | None = None, **kw: Any) -> Kube:
+        """A plain URL with an optional bearer token (tests, ``kubectl proxy``)."""
+        cfg = kclient.Configuration(host=host)
+        if token:
+            cfg.api_key = {"BearerToken": token}
+            cfg.api_key_prefix = {"BearerToken": "Bearer"}
+        return cls(cfg, **kw)
+
+    def close(self) -> None:
+        self.api_client.close()
+
+    # -------------------------------------------------------------------------------- discovery
+    @property
+    def dynamic(self) -> DynamicClient:
+        """The dynamic client, made on first use (its discovery asks the server for /version, /apis)."""
+        dyn = self._dynamic
+        if dyn is None:
+            with self._lock:
+                if self._dynamic is None:
+                    try:
+                        made = _DynamicClient(
+                            self.api_client, cache_file=_NO_CACHE_FILE, discoverer=_InMemoryDiscoverer
+                        )
+                    except ApiException as e:
+                        raise KubeError.from_api_exception(e, "GET", "/apis (discovery)") from None
+                    made.request_timeout = self._timeout
+                    self._dynamic = made
+                dyn = self._dynamic
+        return dyn
+
+    def resource(self, rt: ResourceType, sub: str | None = None) -> Any:
+        """The dynamic ``Resource`` (or ``Subresource``) of a kind, memoized; a 404 :class:`KubeError`
+        when the server does not serve it (discovery is refreshed once before saying so)."""
+        key = (rt.api_version, rt.kind, sub)
+        res = self._resources.get(key)
+        if res is not None:
+            return res
+        dyn = self.dynamic
+        with self._lock:  # the discoverer is not thread-safe (a miss rebuilds its cache)
+            try:
+                # LazyDiscoverer.search invalidates its cache and searches again on a miss: a CRD
+                # installed after this client was made is found on the first call that needs it
+                res = dyn.resources.get(api_version=rt.api_version, kind=rt.kind)
+            except ResourceNotFoundError:
+                raise KubeError(
+                    404,
+                    {
+                        "kind": "Status",
+                        "status": "Failure",
+                        "reason": "NotFound",
+                        "message": f"the server does not serve {rt.kind} ({rt.api_version})",
+                        "code": 404,
+                    },
+                    "DISCOVER",
+                    rt.path(),
+                ) from None
+            except ApiException as e:  # discovery itself refused (403, 5xx after the retries)
+                raise KubeError.from_api_exception(e, "GET", f"{rt.path()} (discovery)") from None
+            if sub is not None:
+                parent = res
+                res = parent.subresources.get(sub)
+                if res is None:
+                    raise KubeError(
+                        404,
+                        {"reason": "NotFound", "message": f"{rt.kind} has no subresource {sub}"},
+                        "DISCOVER",
+                        rt.path(sub=sub),
+                    )
+            self._resources[key] = res
+        return res
 
     # -------------------------------------------------------------------------------- transport
-    def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "modeldeploy-operator"}
-        if content_type:
-            headers["Content-Type"] = content_type
-        token = self._token
-        if self._token_refresher is not None:
-            with self._lock:
-                token = self._token = self._token_refresher()
-        if token:
-            headers["Authorization"] = token if token.startswith("Bearer ") else f"Bearer {token}"
-        return headers
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, Any] | None = None,
-        body: Any = None,
-        content_type: str | None = None,
-    ) -> dict[str, Any]:
-        url = self.host + path
-        if query:
-            url += "?" + urlencode({k: v for k, v in query.items() if v is not None})
-        data = None
-        if body is not None:
-            data = json.dumps(body, separators=(",", ":")).encode()
-            content_type = content_type or "application/json"
-        resp = self._pool.request(
-            method, url, body=data, headers=self._headers(content_type), timeout=self._timeout
-        )
-        raw = resp.data
+    def _call(self, method: str, path: str, fn: Any, *args: Any, **kw: Any) -> Any:
         try:
-            parsed: Any = json.loads(raw) if raw else {}
-        except ValueError:
-            parsed = raw.decode(errors="replace")
-        if resp.status >= 400:
-            raise KubeError(resp.status, parsed, method, path)
-        return parsed if isinstance(parsed, dict) else {}
+            return fn(*args, serializer=_as_is, **kw)
+        except ApiException as e:
+            raise KubeError.from_api_exception(e, method, path) from None
 
     # -------------------------------------------------------------------------------- reads
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> dict[str, Any] | None:
         metrics.READS.labels(kind=rt.kind, verb="get").inc()
         try:
-            return self.request("GET", rt.path(namespace, name))
+            res = self.resource(rt)
+            return self._call(
+                "GET", rt.path(namespace, name), self.dynamic.get, res, name=name, namespace=namespace
+            )
         except KubeError as e:
             if e.status == 404:
                 return None
@@ -231,19 +358,28 @@ class Kube:
     def list(
         self, rt: ResourceType, namespace: str | None, label_selector: str | None = None
     ) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        query: dict[str, Any] = {"labelSelector": label_selector, "limit": 500}
         metrics.READS.labels(kind=rt.kind, verb="list").inc()
+        res = self.resource(rt)
+        out: list[dict[str, Any]] = []
+        cont: str | None = None
         while True:
-            page = self.request("GET", rt.path(namespace), query=query)
-            for item in page.get("items", []):
+            page = self._call(
+                "GET",
+                rt.path(namespace),
+                self.dynamic.get,
+                res,
+                namespace=namespace,
+                label_selector=label_selector,
+                limit=500,
+                _continue=cont,
+            )
+            for item in page.get("items") or []:
                 item.setdefault("apiVersion", rt.api_version)
                 item.setdefault("kind", rt.kind)
                 out.append(item)
-            cont = page.get("metadata", {}).get("continue")
+            cont = (page.get("metadata") or {}).get("continue")
             if not cont:
                 return out
-            query["continue"] = cont
 
     # -------------------------------------------------------------------------------- writes
     def apply(self, obj: dict[str, Any], field_manager: str, force: bool = True) -> dict[str, Any]:
@@ -251,21 +387,26 @@ class Kube:
         rt = resource_type_of(obj)
         meta = obj["metadata"]
         metrics.WRITES.labels(kind=rt.kind, verb="apply").inc()
-        return self.request(
+        return self._call(
             "PATCH",
             rt.path(meta.get("namespace"), meta["name"]),
-            query={"fieldManager": field_manager, "force": "true" if force else None},
+            self.dynamic.server_side_apply,
+            self.resource(rt),
             body=obj,
-            content_type="application/apply-patch+yaml",
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            field_manager=field_manager,
+            force_conflicts=True if force else None,
         )
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         rt = resource_type_of(obj)
+        ns = obj["metadata"].get("namespace")
         metrics.WRITES.labels(kind=rt.kind, verb="create").inc()
-        return self.request("POST", rt.path(obj["metadata"].get("namespace")), body=obj)
+        return self._call("POST", rt.path(ns), self.dynamic.create, self.resource(rt), body=obj, namespace=ns)
 
     def delete(self, rt: ResourceType, namespace: str | None, name: str, uid: str | None = None) -> bool:
-        """Delete (background propagation); False when it was already gone."""
+        """Delete (background propagation); False when it was already gone (or the uid is another's)."""
         body: dict[str, Any] = {
             "kind": "DeleteOptions",
             "apiVersion": "v1",
@@ -275,7 +416,15 @@ class Kube:
             body["preconditions"] = {"uid": uid}
         metrics.WRITES.labels(kind=rt.kind, verb="delete").inc()
         try:
-            self.request("DELETE", rt.path(namespace, name), body=body)
+            self._call(
+                "DELETE",
+                rt.path(namespace, name),
+                self.dynamic.delete,
+                self.resource(rt),
+                name=name,
+                namespace=namespace,
+                body=body,
+            )
             return True
         except KubeError as e:
             if e.status in (404, 409):
@@ -292,7 +441,16 @@ class Kube:
         sub: str | None,
     ) -> dict[str, Any]:
         metrics.WRITES.labels(kind=rt.kind if sub is None else f"{rt.kind}/{sub}", verb="patch").inc()
-        return self.request("PATCH", rt.path(namespace, name, sub), body=patch, content_type=content_type)
+        return self._call(
+            "PATCH",
+            rt.path(namespace, name, sub),
+            self.dynamic.patch,
+            self.resource(rt, sub),
+            body=patch,
+            name=name,
+            namespace=namespace,
+            content_type=content_type,
+        )
 
     def merge_patch(
         self,
@@ -313,3 +471,64 @@ class Kube:
         sub: str | None = None,
     ) -> dict[str, Any]:
         return self._patch("application/strategic-merge-patch+json", rt, namespace, name, patch, sub)
+
+    # -------------------------------------------------------------------------------- by path
+    # The local cluster's tooling addresses objects by REST path (nodes, CRDs, EndpointSlices, whatever a
+    # manifest holds); these go through the same ApiClient, retries, errors and counters.
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        ok_missing: bool = False,
+    ) -> dict[str, Any] | None:
+        """One request to a REST path; the parsed answer (``{}`` when it is not a JSON object), or None
+        for a 404 when ``ok_missing``."""
+        method = method.upper()
+        verb = {"GET": "get", "POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}
+        label = (_plural_of(path), verb.get(method, method.lower()))
+        (metrics.READS if method == "GET" else metrics.WRITES).labels(kind=label[0], verb=label[1]).inc()
+        query = [(k, v) for k, v in (params or {}).items() if v is not None]
+        kw: dict[str, Any] = {"query_params": query}
+        if content_type:
+            kw["content_type"] = content_type
+        try:
+            answer = self._call(method, path, self.dynamic.request, method, path, body=body, **kw)
+        except KubeError as e:
+            if ok_missing and e.status == 404:
+                return None
+            raise
+        return answer if isinstance(answer, dict) else {}
+
+    def watch(
+        self,
+        path: str,
+        resource_version: str,
+        timeout_s: int = 60,
+        params: Mapping[str, Any] | None = None,
+    ) -> Iterator[dict[str, Any]]:
+        """Yield the raw watch events (``{"type", "object"}``, BOOKMARK and ERROR included) of a
+        collection path from ``resource_version`` until the server closes the stream."""
+        metrics.READS.labels(kind=_plural_of(path), verb="watch").inc()
+        query: list[tuple[str, Any]] = [
+            ("watch", "true"),
+            ("resourceVersion", resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(timeout_s)),
+        ]
+        query += [(k, v) for k, v in (params or {}).items() if v is not None]
+        try:
+            resp = self.dynamic.request(
+                "GET", path, query_params=query, serialize=False, _request_timeout=(10.0, timeout_s + 10)
+            )
+        except ApiException as e:
+            raise KubeError.from_api_exception(e, "WATCH", path) from None
+        try:
+            for line in iter_resp_lines(resp):
+                if line:
+                    yield json.loads(line)
+        finally:
+            resp.release_conn()

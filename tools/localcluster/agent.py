@@ -29,7 +29,6 @@ import argparse
 import base64
 import contextlib
 import datetime as dt
-import json
 import logging
 import os
 import shutil
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import urllib3
 import yaml
 
 from . import images
@@ -539,7 +539,14 @@ class PodRunner:
                 httpx.get(f"http://{self.ip}:{h['port']}{h.get('path', '/')}", timeout=budget_s)
             elif "sleep" in hook:
                 time.sleep(min(float(hook["sleep"]["seconds"]), budget_s))
-        except (OSError, httpx.HTTPError, subprocess.TimeoutExpired, ConfigError, KubeError):
+        except (
+            OSError,
+            httpx.HTTPError,
+            urllib3.exceptions.HTTPError,
+            subprocess.TimeoutExpired,
+            ConfigError,
+            KubeError,
+        ):
             pass
 
     # ----- the loop -----------------------------------------------------------------------------
@@ -799,17 +806,14 @@ class NodeAgent:
                     for ev in self.api.watch("/api/v1/pods", rv, timeout_s=300):
                         if ev["type"] == "ERROR":
                             raise KubeError(
-                                "WATCH",
-                                "/api/v1/pods",
-                                ev["object"].get("code", 500),
-                                json.dumps(ev["object"]),
+                                ev["object"].get("code", 500), ev["object"], "WATCH", "/api/v1/pods"
                             )
                         rv = ev["object"]["metadata"]["resourceVersion"]
                         if ev["type"] != "BOOKMARK":
                             self.handle(ev["type"], ev["object"])
                         if self._stopping.is_set():
                             break
-            except (KubeError, httpx.HTTPError, OSError) as exc:
+            except (KubeError, urllib3.exceptions.HTTPError, OSError) as exc:
                 if self._stopping.is_set():
                     break
                 log.warning("watch restarted: %s", exc)

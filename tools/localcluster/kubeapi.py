@@ -1,71 +1,47 @@
-"""A thin synchronous Kubernetes REST client (httpx) for the local cluster's tooling: the node agent,
-bring-up, the demo, the test fixtures (``localcluster.testing``) and the operator benchmark.
+"""Path-addressed Kubernetes access for the local cluster's tooling (the node agent, bring-up, the demo,
+the test fixtures in ``localcluster.testing``, the benchmarks), through ModelDeploy's one client.
 
-It reads a kubeconfig's current context and authenticates with its client certificate (the kubeconfigs
-``localcluster`` writes) or, when the user has one, its bearer token (e.g. a service account's).
-JSON in, JSON out: get, create, strategic-merge patch, delete (a 404 is None) and a watch stream; plus
-:func:`ready_endpoints`, a Service's ready EndpointSlice addresses, and :func:`service_url`, its ClusterIP
-as a URL (kube-proxy answers there, from the host and from pods). The operator has its own client
-(``modeldeploy.kube``); this one keeps the cluster tooling free of any Kubernetes client library.
+:class:`KubeAPI` holds no transport of its own: it is a :class:`modeldeploy.kube.Kube` (the
+``kubernetes`` package's dynamic client: one ApiClient and urllib3 pool, retries of the idempotent
+verbs, the kubeconfig's client certificate or token) made from a kubeconfig file, with the calls the
+tooling makes addressed by REST path (nodes, CRDs, EndpointSlices, whatever a manifest holds): get,
+create, strategic-merge patch, delete (a 404 is None) and a watch stream. Errors are
+:class:`modeldeploy.kube.KubeError` (status, parsed Status body), re-exported here; a connection that
+fails after the retries raises ``urllib3.exceptions.HTTPError``.
+
+Plus :func:`ready_endpoints`, a Service's ready EndpointSlice addresses, and :func:`service_url`, its
+ClusterIP as a URL (kube-proxy answers there, from the host and from pods).
 """
 
 from __future__ import annotations
 
-import json
-import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-import yaml
+from modeldeploy.kube import Kube, KubeError
 
+__all__ = ["KubeAPI", "KubeError", "ready_endpoints", "service_url"]
 
-class KubeError(RuntimeError):
-    def __init__(self, method: str, path: str, status: int, body: str) -> None:
-        super().__init__(f"{method} {path} -> HTTP {status}: {body[:500]}")
-        self.status = status
-        self.body = body
+USER_AGENT = "localcluster"
 
 
 class KubeAPI:
-    def __init__(self, kubeconfig: Path, timeout: float = 30.0) -> None:
-        cfg = yaml.safe_load(Path(kubeconfig).read_text())
-        ctx_name = cfg["current-context"]
-        ctx = next(c["context"] for c in cfg["contexts"] if c["name"] == ctx_name)
-        cluster = next(c["cluster"] for c in cfg["clusters"] if c["name"] == ctx["cluster"])
-        user = next(u["user"] for u in cfg["users"] if u["name"] == ctx["user"])
-        self.server = cluster["server"]
-        headers = {}
-        self._ssl = ssl.create_default_context(cafile=cluster["certificate-authority"])
-        if "token" in user:
-            headers["Authorization"] = f"Bearer {user['token']}"
-        else:
-            self._ssl.load_cert_chain(user["client-certificate"], user["client-key"])
-        self._client = httpx.Client(base_url=self.server, verify=self._ssl, headers=headers, timeout=timeout)
-        self._headers = headers
+    """The one client, bound to a kubeconfig file, addressed by path."""
+
+    def __init__(self, kubeconfig: Path, timeout: float = 30.0, pool_size: int = 32) -> None:
+        # a User-Agent of its own: the audit log must not take the tooling's writes for the operator's
+        self.kube = Kube.from_kubeconfig(
+            kubeconfig, pool_size=pool_size, timeout=timeout, user_agent=USER_AGENT
+        )
+        self.server: str = self.kube.host
 
     def close(self) -> None:
-        self._client.close()
+        self.kube.close()
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        content_type: str = "application/json",
-        params: dict[str, str] | None = None,
-        ok_missing: bool = False,
-    ) -> dict[str, Any] | None:
-        content = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type} if body is not None else {}
-        r = self._client.request(method, path, content=content, headers=headers, params=params)
-        if r.status_code == 404 and ok_missing:
-            return None
-        if r.status_code >= 400:
-            raise KubeError(method, path, r.status_code, r.text)
-        return r.json() if r.content else {}
+    def request(self, method: str, path: str, **kw: Any) -> dict[str, Any] | None:
+        """:meth:`modeldeploy.kube.Kube.request` (``body``, ``content_type``, ``params``, ``ok_missing``)."""
+        return self.kube.request(method, path, **kw)
 
     def get(self, path: str, **kw: Any) -> dict[str, Any] | None:
         return self.request("GET", path, **kw)
@@ -81,27 +57,7 @@ class KubeAPI:
 
     def watch(self, path: str, resource_version: str, timeout_s: int = 60) -> Iterator[dict[str, Any]]:
         """Yield watch events (``{"type", "object"}``) until the server closes the stream."""
-        params = {
-            "watch": "1",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(timeout_s),
-        }
-        with (
-            httpx.Client(
-                base_url=self.server,
-                verify=self._ssl,
-                headers=self._headers,
-                timeout=httpx.Timeout(timeout_s + 10, connect=10),
-            ) as c,
-            c.stream("GET", path, params=params) as r,
-        ):
-            if r.status_code >= 400:
-                r.read()
-                raise KubeError("WATCH", path, r.status_code, r.text)
-            for line in r.iter_lines():
-                if line:
-                    yield json.loads(line)
+        return self.kube.watch(path, resource_version, timeout_s)
 
 
 def ready_endpoints(api: KubeAPI, namespace: str, service: str) -> list[tuple[str, int]]:

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, TypeVar
 
 import httpx
 import pytest
+import urllib3
 
 from .cluster import Cluster, binaries_dir, down, up
 from .kubeapi import KubeAPI, KubeError, ready_endpoints
@@ -44,7 +45,14 @@ def wait_for(predicate: Callable[[], T], *, timeout: float = 60, interval: float
             value = predicate()
             if value:
                 return value
-        except (KubeError, OSError, KeyError, IndexError, httpx.HTTPError) as exc:
+        except (
+            KubeError,
+            OSError,
+            KeyError,
+            IndexError,
+            httpx.HTTPError,
+            urllib3.exceptions.HTTPError,
+        ) as exc:
             last_exc = exc
         if time.monotonic() >= deadline:
             raise WaitTimeout(
