@@ -530,5 +530,6 @@ class Kube:
             for line in iter_resp_lines(resp):
                 if line:
                     yield json.loads(line)
-        finally:
+        finally:  # as kubernetes.watch does: a stream left early must not go back to the pool unread
+            resp.close()
             resp.release_conn()

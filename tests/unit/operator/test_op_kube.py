@@ -114,6 +114,18 @@ class Handler(BaseHTTPRequestHandler):
             return self._reply(200, DISCOVERY[path])
         if self._failing():
             return None
+        if path == "/api/v1/pods" and rec["query"].get("watch") == ["true"]:
+            events = [
+                {"type": "ADDED", "object": {"metadata": {"name": "a", "resourceVersion": "6"}}},
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "7"}}},
+            ]
+            data = b"".join(json.dumps(e).encode() + b"\n" for e in events)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return None
         if path.endswith("/slow"):
             time.sleep(1.0)
             with contextlib.suppress(OSError):  # the client gave up waiting and closed the connection
@@ -365,3 +377,16 @@ def test_a_hung_apiserver_times_out_and_the_pool_fits_the_threads():
     finally:
         kube.close()
         server.shutdown()
+
+
+def test_watch_by_path_yields_the_raw_events(client):
+    events = list(client.watch("/api/v1/pods", "5", timeout_s=7))
+    assert [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
+    assert events[0]["object"]["metadata"]["name"] == "a"
+    q = _calls()[-1]["query"]
+    assert q["resourceVersion"] == ["5"] and q["allowWatchBookmarks"] == ["true"]
+    assert q["timeoutSeconds"] == ["7"]
+    stream = client.watch("/api/v1/pods", "5")
+    assert next(stream)["type"] == "ADDED"
+    stream.close()  # left early: the connection is closed, not handed back unread
+    assert client.get(k.SERVICE, "ns", "s") == {"metadata": {"name": "x"}}
