@@ -98,7 +98,17 @@ def is_true(kube: Kube, ns: str, name: str, type_: str) -> bool:
 def embed(kube: Kube, ns: str, name: str) -> np.ndarray:
     base = service_url(kube.api, ns, name)
     body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(TEXTS)], "data": TEXTS}]}
-    r = httpx.post(f"{base}/v2/models/minilm/infer", json=body, timeout=60)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            r = httpx.post(f"{base}/v2/models/minilm/infer", json=body, timeout=60)
+            break
+        except httpx.ConnectError:
+            # Ready, but kube-proxy has not programmed the Service's new endpoint yet (it lags the
+            # EndpointSlice by up to its sync period): the ClusterIP refuses until then
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     assert r.status_code == 200, r.text
     out = r.json()["outputs"][0]
     return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
