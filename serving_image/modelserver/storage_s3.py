@@ -43,7 +43,15 @@ from .fetch_errors import (
     InvalidURI,
     NotFound,
 )
-from .store_checksums import SUPPORTED, StoreChecksum, combined, from_response, new_hasher, pick_algorithm
+from .store_checksums import (
+    COMBINABLE,
+    SUPPORTED,
+    StoreChecksum,
+    combined,
+    from_response,
+    new_hasher,
+    pick_algorithm,
+)
 
 log = logging.getLogger("modelserver.fetch")
 
@@ -690,9 +698,11 @@ class _Plan:
     #: afterwards; "none": the ETag is no checksum; "off": not asked for
     check: str
     part_sizes: list[int] | None = None
-    #: "flex": the algorithm, and the value when a HEAD gave it (else the whole-object GET's answer has it)
+    #: "flex": the algorithm, the value when the listing's HEAD gave it (else the whole-object GET's answer
+    #: or a HEAD after the download), and the checksum type as far as it is known
     algorithm: str = ""
     expected: StoreChecksum | None = None
+    kind: str = ""
 
 
 def _head_checksum(client: Any, bucket: str, obj: RemoteObject, algorithm: str) -> StoreChecksum | None:
@@ -707,43 +717,54 @@ def _head_checksum(client: Any, bucket: str, obj: RemoteObject, algorithm: str) 
 
 
 def _flex_plan(client: Any, bucket: str, obj: RemoteObject, opts: TransferOptions) -> _Plan | None:
-    """The plan that checks the store's flexible checksum of ``obj``; None when it has none we can check."""
+    """The plan that checks the store's flexible checksum of ``obj``; None when it has none we can check.
+    The value itself is asked for (HEAD) only when the check needs it, after the download."""
     algorithm = pick_algorithm(obj.checksum_algorithms)
     if not algorithm:
         return None
-    big = obj.size >= opts.threshold
     known = obj.checksum if obj.checksum is not None and obj.checksum.algorithm == algorithm else None
-    parts = _multipart_count(obj.etag)
-    composite = (
-        obj.checksum_type == "COMPOSITE"
-        or (known is not None and known.kind == "COMPOSITE")
+    etag_parts = _multipart_count(obj.etag)
+    kind = obj.checksum_type or (known.kind if known is not None else "")
+    if not kind and etag_parts > 1:
         # a store that gives no checksum type: a multipart upload's checksum is a COMPOSITE one (S3's rule
-        # before FULL_OBJECT checksums; moto also leaves out the "-N")
-        or (not obj.checksum_type and parts > 1)
-    )
-    if not composite and not big:
-        # one GET: its answer carries the value
-        return _Plan(obj, None, "flex", None, algorithm, known)
-    expected = _head_checksum(client, bucket, obj, algorithm)
-    if expected is None:
-        return None
-    if not expected.kind:
-        if parts > 1:
-            expected = StoreChecksum(algorithm, "COMPOSITE", f"{expected.value}-{parts}")
-        else:
-            expected = StoreChecksum(algorithm, "FULL_OBJECT", expected.value)
-    if expected.kind == "COMPOSITE":
-        if expected.parts == 1:
-            return _Plan(obj, None, "flex", [obj.size], algorithm, expected)
-        sizes = _part_sizes(client, bucket, obj, expected.parts, uniform=True)
+        # before FULL_OBJECT checksums)
+        kind = "COMPOSITE"
+    if kind == "COMPOSITE":
+        parts = (known.parts if known is not None else 0) or etag_parts
+        if not parts:
+            known = _head_checksum(client, bucket, obj, algorithm)
+            parts = known.parts if known is not None else 0
+            if not parts:
+                return None
+        if parts == 1:
+            return _Plan(obj, None, "flex", [obj.size], algorithm, known, kind)
+        sizes = _part_sizes(client, bucket, obj, parts, uniform=True)
         if sizes is None:
             return None
-        return _Plan(obj, sizes[0], "flex", sizes, algorithm, expected)
-    if algorithm in ("CRC32",):
-        return _Plan(obj, opts.chunk_size, "flex", None, algorithm, expected)
+        return _Plan(obj, sizes[0], "flex", sizes, algorithm, known, kind)
+    if obj.size < opts.threshold:
+        return _Plan(obj, None, "flex", None, algorithm, known, kind)
+    if algorithm in COMBINABLE:
+        return _Plan(obj, opts.chunk_size, "flex", None, algorithm, known, kind)
     if obj.size <= opts.single_stream_max:
-        return _Plan(obj, None, "flex", None, algorithm, expected)
+        return _Plan(obj, None, "flex", None, algorithm, known, kind)
     return None
+
+
+def _expected_checksum(client: Any, bucket: str, plan: _Plan, hashes: StreamHashes) -> StoreChecksum | None:
+    """The store's value for a "flex" plan: from the listing's HEAD, the GET's answer, or a HEAD now; read
+    with the plan's kind where the store did not say it (moto, for one, gives a COMPOSITE value without its
+    "-N")."""
+    obj = plan.obj
+    got = plan.expected or hashes.value(bucket, obj.key)
+    if got is None:
+        got = _head_checksum(client, bucket, obj, plan.algorithm)
+    if got is None or (got.kind and not (plan.kind == "COMPOSITE" and not got.parts)):
+        return got
+    if plan.kind == "COMPOSITE" and plan.part_sizes:
+        value = got.value if got.parts else f"{got.value}-{len(plan.part_sizes)}"
+        return StoreChecksum(got.algorithm, "COMPOSITE", value)
+    return StoreChecksum(got.algorithm, "FULL_OBJECT", got.value)
 
 
 def _plan(client: Any, bucket: str, objects: list[RemoteObject], opts: TransferOptions) -> list[_Plan]:
@@ -769,10 +790,8 @@ def _plan(client: Any, bucket: str, objects: list[RemoteObject], opts: TransferO
         return _Plan(obj, opts.chunk_size if big else None, "none")
 
     def asks(o: RemoteObject) -> bool:
-        """Whether planning ``o`` sends requests (HEADs): those are planned in parallel."""
-        return opts.etag_check and (
-            bool(_multipart_count(o.etag)) or (bool(o.checksum_algorithms) and o.size >= opts.threshold)
-        )
+        """Whether planning ``o`` may send requests (HEADs for part sizes): those are planned in parallel."""
+        return opts.etag_check and (_multipart_count(o.etag) > 1 or o.checksum_type == "COMPOSITE")
 
     asking = [o for o in objects if asks(o)]
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(asking) or 1))) as ex:
@@ -791,7 +810,7 @@ def _verify(
     if want_sha256:
         sha, _, _ = hash_file(path, None, True, False)
     if plan.check == "flex":
-        expected = plan.expected or hashes.value(bucket, obj.key)
+        expected = _expected_checksum(client, bucket, plan, hashes)
         ranges = hashes.ranges(bucket, obj.key)
         got = combined(expected, ranges, obj.size, plan.part_sizes) if expected is not None else None
         if expected is not None and got is not None:
@@ -896,7 +915,11 @@ def download(
                 hashes.use(bucket, plan.obj.key, plan.algorithm)
     groups: dict[int | None, list[_Plan]] = {}
     for plan in plans:
-        groups.setdefault(plan.chunk, []).append(plan)
+        key = plan.chunk
+        if key is None and plan.obj.size < opts.chunk_size:
+            # below that group's threshold: one GET there too, and no group (manager) of its own
+            key = opts.chunk_size
+        groups.setdefault(key, []).append(plan)
     hasher = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="verify")
     # finished downloads and checks, as they finish: no polling interval between a transfer's end and its
     # check, or between one group and the next
