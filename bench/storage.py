@@ -526,7 +526,9 @@ def markdown(r: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.storage")
-    p.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the throughput part (the order rotates every round)")
+    p.add_argument(
+        "--rounds", type=int, default=9, help="interleaved rounds of the throughput part (the order rotates)"
+    )
     p.add_argument("--cold", type=int, default=2, help="cold pods (one uploaded copy of the model each)")
     p.add_argument("--hits", type=int, default=2, help="cache-hit pods per cold one")
     p.add_argument("--timeout", type=float, default=180.0, help="per pod, to Ready")
