@@ -44,18 +44,34 @@ META = "meta.json"
 DATA = "data"
 
 
-def lock_fd(path: Path, mode: int, deadline: float, what: str) -> int:
-    """Open ``path`` and flock it (``LOCK_SH``/``LOCK_EX``), polling until ``deadline`` (monotonic)."""
+def lock_fd(path: Path, mode: int, deadline: float, what: str, log_every: float = 5.0) -> int:
+    """Open ``path`` and flock it (``LOCK_SH``/``LOCK_EX``), polling until ``deadline`` (monotonic). While it
+    waits it says so in the log (once at first, then every ``log_every`` seconds), so that a pod waiting on
+    another pod's download is not silent."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     delay = 0.02
+    started = time.monotonic()
+    next_log = started
     try:
         while True:
             try:
                 fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                if next_log > started:
+                    waited = round(time.monotonic() - started, 2)
+                    extra = {"event": "cache_waited", "seconds": waited}
+                    log.info(f"waited {waited}s for {what}", extra=extra)
                 return fd
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                now = time.monotonic()
+                if now >= deadline:
                     raise DownloadTimeout(f"timed out waiting for {what}") from None
+                if now >= next_log:
+                    waited = round(now - started, 1)
+                    log.info(
+                        f"waiting for {what} ({waited}s so far, {max(0.0, deadline - now):.0f}s left)",
+                        extra={"event": "cache_wait", "seconds": waited},
+                    )
+                    next_log = now + log_every
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 1.5, 0.5)
     except BaseException:

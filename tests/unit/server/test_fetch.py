@@ -856,3 +856,23 @@ def test_main_in_process(s3_env, s3, bucket, tmp_path: Path, root_logging):
         ["--uri", f"s3://{bucket}/none", "--dest", str(tmp_path / "e"), "--termination-log", str(term)]
     )
     assert code == 4 and term.read_text().startswith(f"NotFound: no object s3://{bucket}/none")
+
+
+def test_a_fetch_waiting_for_another_pods_fill_says_so(tmp_path: Path, caplog):
+    """A reader blocked on the entry's lock (another pod fills it) logs that it waits, and for how long."""
+    import fcntl
+
+    from modelserver.storage_cache import lock_fd, unlock
+
+    path = tmp_path / "k.lock"
+    holder = os.open(path, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    threading.Timer(0.5, lambda: fcntl.flock(holder, fcntl.LOCK_UN)).start()
+    with caplog.at_level("INFO", logger="modelserver.fetch"):
+        fd = lock_fd(path, fcntl.LOCK_SH, time.monotonic() + 10, "another fetch of the same model", 0.2)
+    unlock(fd)
+    os.close(holder)
+    events = [getattr(r, "event", "") for r in caplog.records]
+    assert events.count("cache_wait") >= 2 and events[-1] == "cache_waited"
+    assert 0.4 <= caplog.records[-1].seconds < 5
+    assert "waiting for another fetch of the same model" in caplog.records[0].getMessage()
