@@ -44,6 +44,16 @@ def index_key(namespace: str | None, labels: Mapping[str, str]) -> Key | None:
     return (namespace, owner) if namespace and owner else None
 
 
+def trimmed(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What the cache keeps of a child: the object without ``metadata.managedFields`` (nothing here reads
+    them, and they are most of a Deployment's bytes: copied at every reconcile, kept for every child)."""
+    out = dict(obj)
+    meta = out.get("metadata")
+    if isinstance(meta, Mapping) and "managedFields" in meta:
+        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    return out
+
+
 def _rv(obj: Mapping[str, Any] | None) -> int | None:
     try:
         return int((obj or {}).get("metadata", {}).get("resourceVersion"))
@@ -148,7 +158,7 @@ class ChildCache:
         owner = (meta.get("labels") or {}).get(b.LABEL_NAME)
         with self._lock:
             self._overlay[(kind, meta["namespace"], meta["name"])] = _Overlay(
-                copy.deepcopy(dict(obj)), _rv(obj), meta.get("uid"), owner, self._clock()
+                copy.deepcopy(trimmed(obj)), _rv(obj), meta.get("uid"), owner, self._clock()
             )
 
     def gone(self, kind: str, namespace: str, name: str, uid: str | None, owner: str) -> None:

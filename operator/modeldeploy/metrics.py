@@ -28,6 +28,10 @@ for _kind in ("Deployment", "Service", "PodDisruptionBudget", "Pod"):
 EVENTS = Counter(
     "modeldeploy_events_total", "Kubernetes events posted, by type and reason.", ["type", "reason"]
 )
+EVENTS_DROPPED = Counter(
+    "modeldeploy_events_dropped_total", "Kubernetes events dropped because the posting queue was full."
+)
+EVENTS_FAILED = Counter("modeldeploy_events_failed_total", "Kubernetes events the apiserver did not take.")
 QUEUE_DEPTH = Gauge("modeldeploy_queue_depth", "ModelDeployments waiting for a reconcile.")
 MANAGED = Gauge("modeldeploy_managed_modeldeployments", "ModelDeployments seen by this operator.")
 CANARY_WEIGHT = Gauge(

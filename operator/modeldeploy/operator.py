@@ -31,8 +31,9 @@ import kopf
 from . import api, metrics
 from . import builders as b
 from . import kube as k
-from .childcache import ChildCache, index_key
+from .childcache import ChildCache, index_key, trimmed
 from .controller import Controller, PeeringGate
+from .events import PostInBackground
 from .reconciler import Reconciler
 
 log = logging.getLogger("modeldeploy")
@@ -139,7 +140,7 @@ def build_registry(
                 namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any
             ) -> dict[Any, Any]:
                 key = index_key(namespace, labels)
-                return {key: dict(body)} if key is not None else {}
+                return {key: trimmed(body)} if key is not None else {}
 
         @kopf.on.startup(registry=registry)
         async def attach_cache(**kwargs: Any) -> None:
@@ -234,7 +235,10 @@ async def run(args: argparse.Namespace) -> None:
     if not args.standalone and args.create_peering:
         await asyncio.to_thread(ensure_peering, kube, args.peering_name, args.namespace)
     cache = ChildCache()
-    reconciler = Reconciler(kube, instance=ident, prometheus_url=args.prometheus_url, cache=cache)
+    events = PostInBackground(kube)
+    reconciler = Reconciler(
+        kube, instance=ident, prometheus_url=args.prometheus_url, cache=cache, events=events
+    )
     gate = PeeringGate(
         kube,
         identity=ident,
@@ -273,6 +277,7 @@ async def run(args: argparse.Namespace) -> None:
         )
     finally:
         await controller.stop()
+        await asyncio.to_thread(events.close)
 
 
 def main(argv: list[str] | None = None) -> int:

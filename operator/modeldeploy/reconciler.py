@@ -23,6 +23,7 @@ from .api import API_VERSION, KIND, Condition, ModelDeployment, ModelDeploymentS
 from .canary import COMMAND_ANNOTATION, AnalysisRequest
 from .childcache import ChildCache
 from .diff import Path, mismatches, needs_apply
+from .events import EventSink, PostNow
 from .plan import EventSpec, Observed, Plan, error_status, plan
 from .status import DEGRADED, ConditionSpec, merge_conditions, status_patch, utcnow
 
@@ -88,8 +89,11 @@ class Reconciler:
         prometheus_url: str = "http://127.0.0.1:9090",
         analyzer: Callable[[str], Analyzer] | None = None,
         cache: ChildCache | None = None,
+        events: EventSink | None = None,
     ):
         self.kube = kube
+        # where Events go: posted before the reconcile goes on, unless the operator hands a background poster
+        self.events = events or PostNow(kube)
         # children from the watches (no LIST per reconcile); None: LIST them
         self.cache = cache
         self.instance = instance
@@ -358,10 +362,7 @@ class Reconciler:
         metrics.EVENTS.labels(type=ev.type, reason=ev.reason).inc()
         log_fn = log.warning if ev.type == "Warning" else log.info
         log_fn("%s/%s: %s: %s", meta.get("namespace"), meta["name"], ev.reason, ev.message)
-        try:
-            self.kube.create(body)
-        except Exception as e:  # events are best effort
-            log.debug("could not post event: %s", e)
+        self.events.post(body)
 
     # -------------------------------------------------------------------------------- failures
     def _invalid(self, raw: dict[str, Any], err: ValidationError) -> Result:

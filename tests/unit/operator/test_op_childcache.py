@@ -128,3 +128,20 @@ def test_kinds_without_an_index_are_not_served(world):
 def test_keys():
     assert index_key("ml", {b.LABEL_NAME: "minilm"}) == ("ml", "minilm")
     assert index_key("ml", {}) is None
+
+
+def test_the_cache_keeps_children_without_their_managed_fields():
+    from modeldeploy.childcache import trimmed
+
+    obj = {
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "ns", "managedFields": [{"manager": "x"}], "uid": "u"},
+        "spec": {"replicas": 2},
+    }
+    out = trimmed(obj)
+    assert out == {
+        "kind": "Deployment",
+        "metadata": {"name": "d", "namespace": "ns", "uid": "u"},
+        "spec": {"replicas": 2},
+    }
+    assert obj["metadata"]["managedFields"] == [{"manager": "x"}]  # the watched object is left as it was
