@@ -226,34 +226,16 @@ class Reconciler:
             if self.set_pod_gate(ns, pod, in_traffic, now):
                 result.writes += 1
 
-        for obj in p.apply:
-            key = (obj["kind"], obj["metadata"]["name"])
-            current = live.get(key)
-            ignore = self._normalized.get((obj["kind"], ns, key[1]), frozenset())
-            if not needs_apply(obj, current, ignore):
-                continue
-            drift = [] if current is None else mismatches(obj, current)
-            try:
-                answer = self.kube.apply(obj, b.FIELD_MANAGER)
-            except k.KubeError as e:
-                if e.status == 404 and obj["kind"] == "ScaledObject":
-                    raise AutoscalerUnavailable(
-                        "spec.autoscaling needs KEDA: this cluster does not serve "
-                        "keda.sh/v1alpha1 ScaledObjects"
-                    ) from e
-                raise
-            result.writes += 1
-            if self.cache is not None:
-                self.cache.wrote(answer)
-            rewritten = frozenset(mismatches(obj, answer))
-            if rewritten:
-                log.warning("%s %s/%s: the apiserver rewrote %s", obj["kind"], ns, key[1], sorted(rewritten))
-            self._normalized[(obj["kind"], ns, key[1])] = rewritten
-            if current is None:
-                self.event(raw, EventSpec("Normal", "Created", f"created {obj['kind']} {key[1]}"))
-            else:
-                what = ", ".join(".".join(str(x) for x in d) for d in drift[:5]) or "desired state changed"
-                self.event(raw, EventSpec("Normal", "Updated", f"updated {obj['kind']} {key[1]} ({what})"))
+        # one event for the objects this reconcile creates (a new ModelDeployment's four children: one
+        # Event write, not four), also when an apply fails half way
+        created: list[str] = []
+        try:
+            for obj in p.apply:
+                if self._apply(raw, obj, live, result):
+                    created.append(f"{obj['kind']} {obj['metadata']['name']}")
+        finally:
+            if created:
+                self.event(raw, EventSpec("Normal", "Created", "created " + ", ".join(created)))
 
         for pod, target in p.pod_annotations:
             if self.set_pod_annotation(ns, pod, b.ANNOTATION_SHADOW, target):
@@ -293,6 +275,42 @@ class Reconciler:
         return result
 
     # -------------------------------------------------------------------------------- writes
+    def _apply(
+        self,
+        raw: dict[str, Any],
+        obj: dict[str, Any],
+        live: dict[tuple[str, str], dict[str, Any]],
+        result: Result,
+    ) -> bool:
+        """Apply one child unless it is as desired; whether it was created."""
+        ns = raw["metadata"]["namespace"]
+        key = (obj["kind"], obj["metadata"]["name"])
+        current = live.get(key)
+        ignore = self._normalized.get((obj["kind"], ns, key[1]), frozenset())
+        if not needs_apply(obj, current, ignore):
+            return False
+        drift = [] if current is None else mismatches(obj, current)
+        try:
+            answer = self.kube.apply(obj, b.FIELD_MANAGER)
+        except k.KubeError as e:
+            if e.status == 404 and obj["kind"] == "ScaledObject":
+                raise AutoscalerUnavailable(
+                    "spec.autoscaling needs KEDA: this cluster does not serve keda.sh/v1alpha1 ScaledObjects"
+                ) from e
+            raise
+        result.writes += 1
+        if self.cache is not None:
+            self.cache.wrote(answer)
+        rewritten = frozenset(mismatches(obj, answer))
+        if rewritten:
+            log.warning("%s %s/%s: the apiserver rewrote %s", obj["kind"], ns, key[1], sorted(rewritten))
+        self._normalized[(obj["kind"], ns, key[1])] = rewritten
+        if current is None:
+            return True
+        what = ", ".join(".".join(str(x) for x in d) for d in drift[:5]) or "desired state changed"
+        self.event(raw, EventSpec("Normal", "Updated", f"updated {obj['kind']} {key[1]} ({what})"))
+        return False
+
     def set_pod_gate(self, namespace: str, pod: str, in_traffic: bool, now: datetime) -> bool:
         cond = {
             "type": b.READINESS_GATE,

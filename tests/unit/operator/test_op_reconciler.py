@@ -129,7 +129,11 @@ def test_first_reconcile_creates_children_and_status(world):
     assert cond(fake, "Degraded")["status"] == "False"
     assert st["history"][0]["outcome"] == "Deployed"
     reasons = [e["reason"] for e in fake.events]
-    assert reasons.count("Created") == 4 and "Deployed" in reasons
+    assert reasons.count("Created") == 1 and "Deployed" in reasons  # one event for the four children
+    (created,) = [e["message"] for e in fake.events if e["reason"] == "Created"]
+    for kind, obj in (("Deployment", f"minilm-{rev}"), ("Service", "minilm"), ("Service", f"minilm-{rev}")):
+        assert f"{kind} {obj}" in created
+    assert "PodDisruptionBudget" in created
     for e in fake.events:
         assert e["involvedObject"]["kind"] == "ModelDeployment" and e["involvedObject"]["uid"] == "md-uid-1"
 
