@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import builders as b
-from . import kube as k
+from .builders import LABEL_NAME
+from .kube import ResourceType
 
 #: an overlay entry the watch never confirmed (e.g. the object was changed by someone else in between)
 #: is dropped after this long
@@ -40,7 +40,7 @@ ObjKey = tuple[str, str, str]  # (kind, namespace, name)
 
 
 def index_key(namespace: str | None, labels: Mapping[str, str]) -> Key | None:
-    owner = labels.get(b.LABEL_NAME)
+    owner = labels.get(LABEL_NAME)
     return (namespace, owner) if namespace and owner else None
 
 
@@ -50,7 +50,7 @@ def trimmed(obj: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(obj)
     meta = out.get("metadata")
     if isinstance(meta, Mapping) and "managedFields" in meta:
-        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+        out["metadata"] = {key: v for key, v in meta.items() if key != "managedFields"}
     return out
 
 
@@ -122,7 +122,7 @@ class ChildCache:
         store = self._indices[kind].get(key) or ()
         return [copy.deepcopy(dict(v)) for v in store]
 
-    def children(self, rt: k.ResourceType, namespace: str, owner: str) -> list[dict[str, Any]]:
+    def children(self, rt: ResourceType, namespace: str, owner: str) -> list[dict[str, Any]]:
         """The children of one kind of ``namespace/owner``, as a LIST would return them (from a thread)."""
         loop = self._loop
         assert loop is not None, "ChildCache.children before attach"
@@ -155,7 +155,7 @@ class ChildCache:
         kind, meta = obj.get("kind"), obj.get("metadata") or {}
         if not isinstance(kind, str) or kind not in self._indices or not meta.get("namespace"):
             return
-        owner = (meta.get("labels") or {}).get(b.LABEL_NAME)
+        owner = (meta.get("labels") or {}).get(LABEL_NAME)
         with self._lock:
             self._overlay[(kind, meta["namespace"], meta["name"])] = _Overlay(
                 copy.deepcopy(trimmed(obj)), _rv(obj), meta.get("uid"), owner, self._clock()

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from . import kube as k
 from .canary import COMMAND_ANNOTATION
+from .kube import MODELDEPLOYMENT, Kube, KubeError
 
 
 def _age(ts: str | None, now: datetime) -> str:
@@ -208,8 +208,8 @@ def command_for(action: str, md: dict[str, Any], full: bool = False) -> dict[str
     raise ValueError(f"unknown action {action}")
 
 
-def _command(kube: k.Kube, args: argparse.Namespace) -> int:
-    md = kube.get(k.MODELDEPLOYMENT, args.namespace, args.name)
+def _command(kube: Kube, args: argparse.Namespace) -> int:
+    md = kube.get(MODELDEPLOYMENT, args.namespace, args.name)
     if md is None:
         print(f"modeldeployment {args.namespace}/{args.name} not found", file=sys.stderr)
         return 1
@@ -225,21 +225,21 @@ def _command(kube: k.Kube, args: argparse.Namespace) -> int:
             "annotations": {COMMAND_ANNOTATION: json.dumps(cmd, sort_keys=True)},
         }
     }
-    kube.merge_patch(k.MODELDEPLOYMENT, args.namespace, args.name, patch)
+    kube.merge_patch(MODELDEPLOYMENT, args.namespace, args.name, patch)
     print(f"modeldeployment {args.namespace}/{args.name}: {cmd['action']} requested ({json.dumps(cmd)})")
     return 0
 
 
-def _pause(kube: k.Kube, args: argparse.Namespace) -> int:
+def _pause(kube: Kube, args: argparse.Namespace) -> int:
     paused = args.command == "pause"
-    kube.merge_patch(k.MODELDEPLOYMENT, args.namespace, args.name, {"spec": {"rollout": {"paused": paused}}})
+    kube.merge_patch(MODELDEPLOYMENT, args.namespace, args.name, {"spec": {"rollout": {"paused": paused}}})
     print(f"modeldeployment {args.namespace}/{args.name}: {'paused' if paused else 'resumed'}")
     return 0
 
 
-def _status(kube: k.Kube, args: argparse.Namespace) -> int:
+def _status(kube: Kube, args: argparse.Namespace) -> int:
     while True:
-        md = kube.get(k.MODELDEPLOYMENT, args.namespace, args.name)
+        md = kube.get(MODELDEPLOYMENT, args.namespace, args.name)
         if md is None:
             print(f"modeldeployment {args.namespace}/{args.name} not found", file=sys.stderr)
             return 1
@@ -286,12 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    kube = k.Kube.from_environment(pool_size=2)
+    kube = Kube.from_environment(pool_size=2)
     try:
         return int(args.func(kube, args))
     except KeyboardInterrupt:
         return 130
-    except k.KubeError as e:
+    except KubeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

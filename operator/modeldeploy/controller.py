@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import kube as k
 from . import metrics
+from .kube import CLUSTER_PEERING, PEERING, Kube
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class PeeringGate:
 
     def __init__(
         self,
-        kube: k.Kube | None,
+        kube: Kube | None,
         *,
         identity: str,
         priority: int,
@@ -80,7 +80,7 @@ class PeeringGate:
         now = time.monotonic()
         if self._cached and now - self._cached[0] < self.ttl:
             return self._cached[1]
-        rt = k.PEERING if self.namespace else k.CLUSTER_PEERING
+        rt = PEERING if self.namespace else CLUSTER_PEERING
         try:
             obj = self.kube.get(rt, self.namespace, self.peering_name)
         except Exception as e:

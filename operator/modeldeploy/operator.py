@@ -29,11 +29,22 @@ from typing import Any
 import kopf
 
 from . import api, metrics
-from . import builders as b
-from . import kube as k
+from .builders import LABEL_NAME
 from .childcache import ChildCache, index_key, trimmed
 from .controller import Controller, PeeringGate
 from .events import PostInBackground
+from .kube import (
+    CLUSTER_PEERING,
+    DEPLOYMENT,
+    HTTPROUTE,
+    PDB,
+    PEERING,
+    POD,
+    SERVICE,
+    Kube,
+    KubeError,
+    ResourceType,
+)
 from .reconciler import Reconciler
 
 log = logging.getLogger("modeldeploy")
@@ -78,16 +89,16 @@ def build_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
     settings.networking.request_timeout = 60
     # only children carrying our label are watched (server-side filter)
     for group, version, plural in child_resources(args.watch_httproutes):
-        settings.watching.label_selectors[(group, version, plural)] = b.LABEL_NAME
+        settings.watching.label_selectors[(group, version, plural)] = LABEL_NAME
     return settings
 
 
 KIND_OF_PLURAL = {
-    "deployments": k.DEPLOYMENT.kind,
-    "services": k.SERVICE.kind,
-    "poddisruptionbudgets": k.PDB.kind,
-    "pods": k.POD.kind,
-    "httproutes": k.HTTPROUTE.kind,
+    "deployments": DEPLOYMENT.kind,
+    "services": SERVICE.kind,
+    "poddisruptionbudgets": PDB.kind,
+    "pods": POD.kind,
+    "httproutes": HTTPROUTE.kind,
 }
 
 
@@ -116,9 +127,9 @@ def build_registry(
 
     for group, version, plural in child_resources(watch_httproutes):
 
-        @kopf.on.event(group, version, plural, labels={b.LABEL_NAME: kopf.PRESENT}, registry=registry)
+        @kopf.on.event(group, version, plural, labels={LABEL_NAME: kopf.PRESENT}, registry=registry)
         async def child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-            owner = labels.get(b.LABEL_NAME)
+            owner = labels.get(LABEL_NAME)
             if owner and namespace:
                 controller.enqueue((namespace, owner))
 
@@ -132,7 +143,7 @@ def build_registry(
                 group,
                 version,
                 plural,
-                labels={b.LABEL_NAME: kopf.PRESENT},
+                labels={LABEL_NAME: kopf.PRESENT},
                 id=index_id(plural),
                 registry=registry,
             )
@@ -206,10 +217,10 @@ def identity() -> str:
     return pod or f"{socket.gethostname()}/{os.getpid()}"
 
 
-def ensure_peering(kube: k.Kube, name: str, namespaces: list[str]) -> None:
+def ensure_peering(kube: Kube, name: str, namespaces: list[str]) -> None:
     """Create the (Cluster)KopfPeering object if it is missing (kopf only patches it)."""
-    targets: list[tuple[k.ResourceType, str | None]] = (
-        [(k.PEERING, ns) for ns in namespaces] if namespaces else [(k.CLUSTER_PEERING, None)]
+    targets: list[tuple[ResourceType, str | None]] = (
+        [(PEERING, ns) for ns in namespaces] if namespaces else [(CLUSTER_PEERING, None)]
     )
     for rt, ns in targets:
         if kube.get(rt, ns, name) is None:
@@ -219,7 +230,7 @@ def ensure_peering(kube: k.Kube, name: str, namespaces: list[str]) -> None:
             try:
                 kube.create({"apiVersion": "kopf.dev/v1", "kind": rt.kind, "metadata": meta})
                 log.info("created %s %s", rt.kind, name)
-            except k.KubeError as e:
+            except KubeError as e:
                 if e.status == 404:
                     raise SystemExit(
                         f"the {rt.kind} CRD is not installed: kubectl apply -f crds/kopfpeering.yaml "
@@ -231,7 +242,7 @@ def ensure_peering(kube: k.Kube, name: str, namespaces: list[str]) -> None:
 
 async def run(args: argparse.Namespace) -> None:
     ident = identity()
-    kube = k.Kube.from_environment(pool_size=max(4, args.workers * 2))
+    kube = Kube.from_environment(pool_size=max(4, args.workers * 2))
     if not args.standalone and args.create_peering:
         await asyncio.to_thread(ensure_peering, kube, args.peering_name, args.namespace)
     cache = ChildCache()

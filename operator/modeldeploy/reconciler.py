@@ -15,15 +15,27 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from . import builders as b
-from . import kube as k
 from . import metrics
 from .analysis import Judgement, PrometheusAnalyzer, Query, Sample, agreement_queries, judge, window
 from .api import API_VERSION, KIND, Condition, ModelDeployment, ModelDeploymentStatus
+from .builders import ANNOTATION_SHADOW, FIELD_MANAGER, LABEL_NAME, READINESS_GATE
 from .canary import COMMAND_ANNOTATION, AnalysisRequest
 from .childcache import ChildCache
 from .diff import Path, mismatches, needs_apply
 from .events import EventSink, PostNow
+from .kube import (
+    BY_KIND,
+    DEPLOYMENT,
+    HTTPROUTE,
+    MODELDEPLOYMENT,
+    PDB,
+    POD,
+    SCALEDOBJECT,
+    SERVICE,
+    Kube,
+    KubeError,
+    ResourceType,
+)
 from .plan import EventSpec, Observed, Plan, error_status, plan
 from .status import DEGRADED, ConditionSpec, merge_conditions, status_patch, utcnow
 
@@ -82,7 +94,7 @@ class PrometheusProbe:
 class Reconciler:
     def __init__(
         self,
-        kube: k.Kube,
+        kube: Kube,
         *,
         instance: str = "modeldeploy",
         clock: Callable[[], datetime] = utcnow,
@@ -108,27 +120,27 @@ class Reconciler:
 
     # -------------------------------------------------------------------------------- observe
     def observe(self, namespace: str, name: str, routes: bool = False, autoscaler: bool = False) -> Observed:
-        selector = f"{b.LABEL_NAME}={name}"
+        selector = f"{LABEL_NAME}={name}"
         cache = self.cache
 
-        def children(rt: k.ResourceType) -> list[dict[str, Any]]:
+        def children(rt: ResourceType) -> list[dict[str, Any]]:
             if cache is not None and cache.serves(rt.kind):
                 return cache.children(rt, namespace, name)
             return self.kube.list(rt, namespace, selector)
 
         return Observed(
-            deployments=children(k.DEPLOYMENT),
-            services=children(k.SERVICE),
-            pdbs=children(k.PDB),
-            pods=children(k.POD),
-            routes=children(k.HTTPROUTE) if routes else [],
+            deployments=children(DEPLOYMENT),
+            services=children(SERVICE),
+            pdbs=children(PDB),
+            pods=children(POD),
+            routes=children(HTTPROUTE) if routes else [],
             scaled_objects=self._scaled_objects(namespace, selector) if autoscaler else [],
         )
 
     def _scaled_objects(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         try:
-            return self.kube.list(k.SCALEDOBJECT, namespace, selector)
-        except k.KubeError as e:
+            return self.kube.list(SCALEDOBJECT, namespace, selector)
+        except KubeError as e:
             if e.status == 404:  # KEDA is not installed: applying the ScaledObject will say so
                 return []
             raise
@@ -163,7 +175,7 @@ class Reconciler:
     # -------------------------------------------------------------------------------- reconcile
     def reconcile(self, namespace: str, name: str) -> Result:
         started = time.monotonic()
-        raw = self.kube.get(k.MODELDEPLOYMENT, namespace, name)
+        raw = self.kube.get(MODELDEPLOYMENT, namespace, name)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             metrics.RECONCILES.labels(result="gone").inc()
             return Result()  # children go with it (owner references, garbage collection)
@@ -177,7 +189,7 @@ class Reconciler:
         self._reported_status.pop((namespace, name), None)
         try:
             result = self._reconcile(raw, md)
-        except k.KubeError as e:
+        except KubeError as e:
             if not e.namespace_terminating:
                 self._failed(raw, md, e)
                 raise
@@ -238,11 +250,11 @@ class Reconciler:
                 self.event(raw, EventSpec("Normal", "Created", "created " + ", ".join(created)))
 
         for pod, target in p.pod_annotations:
-            if self.set_pod_annotation(ns, pod, b.ANNOTATION_SHADOW, target):
+            if self.set_pod_annotation(ns, pod, ANNOTATION_SHADOW, target):
                 result.writes += 1
 
         for d in p.delete:
-            rt = k.BY_KIND[d.kind]
+            rt = BY_KIND[d.kind]
             deleted = self.kube.delete(rt, ns, d.name, uid=d.uid or None)
             if self.cache is not None:
                 self.cache.gone(d.kind, ns, d.name, d.uid or None, name)
@@ -259,7 +271,7 @@ class Reconciler:
             # handled (or stale): commands are conditional on the state they were issued against, so
             # handling one again after a crash before this point changes nothing
             self.kube.merge_patch(
-                k.MODELDEPLOYMENT, ns, name, {"metadata": {"annotations": {COMMAND_ANNOTATION: None}}}
+                MODELDEPLOYMENT, ns, name, {"metadata": {"annotations": {COMMAND_ANNOTATION: None}}}
             )
             result.writes += 1
         for ev in p.events:
@@ -291,8 +303,8 @@ class Reconciler:
             return False
         drift = [] if current is None else mismatches(obj, current)
         try:
-            answer = self.kube.apply(obj, b.FIELD_MANAGER)
-        except k.KubeError as e:
+            answer = self.kube.apply(obj, FIELD_MANAGER)
+        except KubeError as e:
             if e.status == 404 and obj["kind"] == "ScaledObject":
                 raise AutoscalerUnavailable(
                     "spec.autoscaling needs KEDA: this cluster does not serve keda.sh/v1alpha1 ScaledObjects"
@@ -313,7 +325,7 @@ class Reconciler:
 
     def set_pod_gate(self, namespace: str, pod: str, in_traffic: bool, now: datetime) -> bool:
         cond = {
-            "type": b.READINESS_GATE,
+            "type": READINESS_GATE,
             "status": "True" if in_traffic else "False",
             "reason": "InTraffic" if in_traffic else "OutOfTraffic",
             "message": "set by the modeldeploy operator",
@@ -321,23 +333,23 @@ class Reconciler:
         }
         try:
             answer = self.kube.strategic_patch(
-                k.POD, namespace, pod, {"status": {"conditions": [cond]}}, sub="status"
+                POD, namespace, pod, {"status": {"conditions": [cond]}}, sub="status"
             )
             if self.cache is not None:
                 self.cache.wrote({"kind": "Pod", **answer})
             return True
-        except k.KubeError as e:
+        except KubeError as e:
             if e.status == 404:
                 return False
             raise
 
     def set_pod_annotation(self, namespace: str, pod: str, key: str, value: str | None) -> bool:
         try:
-            answer = self.kube.merge_patch(k.POD, namespace, pod, {"metadata": {"annotations": {key: value}}})
+            answer = self.kube.merge_patch(POD, namespace, pod, {"metadata": {"annotations": {key: value}}})
             if self.cache is not None:
                 self.cache.wrote({"kind": "Pod", **answer})
             return True
-        except k.KubeError as e:
+        except KubeError as e:
             if e.status == 404:
                 return False
             raise
@@ -346,8 +358,8 @@ class Reconciler:
         meta = raw["metadata"]
         body = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": patch}
         try:
-            self.kube.merge_patch(k.MODELDEPLOYMENT, meta.get("namespace"), meta["name"], body, sub="status")
-        except k.KubeError as e:
+            self.kube.merge_patch(MODELDEPLOYMENT, meta.get("namespace"), meta["name"], body, sub="status")
+        except KubeError as e:
             if e.status == 409:
                 raise Conflict(str(e)) from e
             raise
@@ -447,7 +459,7 @@ class Reconciler:
             try:
                 self.write_status(raw, patch)
                 writes = 1
-            except (Conflict, k.KubeError) as e:
+            except (Conflict, KubeError) as e:
                 log.warning("%s/%s: could not write the InvalidStatus condition: %s", *key, e)
         if self._reported_status.get(key) != message:
             self._reported_status[key] = message

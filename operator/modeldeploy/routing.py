@@ -18,8 +18,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import builders as b
 from .api import ModelDeployment
+from .builders import (
+    LABEL_COMPONENT,
+    SERVER_PORT,
+    common_labels,
+    owner_reference,
+    revision_service_name,
+    stamp,
+)
 
 GROUP = "gateway.networking.k8s.io"
 API_VERSION = f"{GROUP}/v1"
@@ -47,7 +54,7 @@ def build_httproute(
     header go to that revision."""
     gw = md.spec.rollout.traffic_routing.gateway_api
     assert gw is not None, "gatewayAPI mode without spec.rollout.trafficRouting.gatewayAPI"
-    labels = {**b.common_labels(md), b.LABEL_COMPONENT: "route"}
+    labels = {**common_labels(md), LABEL_COMPONENT: "route"}
     header_rules: list[dict[str, Any]] = []
     if gw.canary_header is not None and header_canary is not None and fallback is None:
         header_rules.append(
@@ -64,8 +71,8 @@ def build_httproute(
                     {
                         "group": "",
                         "kind": "Service",
-                        "name": b.revision_service_name(md.name, header_canary),
-                        "port": b.SERVER_PORT,
+                        "name": revision_service_name(md.name, header_canary),
+                        "port": SERVER_PORT,
                         "weight": 1,
                     }
                 ],
@@ -81,8 +88,8 @@ def build_httproute(
                     {
                         "group": "",
                         "kind": "Service",
-                        "name": b.revision_service_name(md.name, rev),
-                        "port": b.SERVER_PORT,
+                        "name": revision_service_name(md.name, rev),
+                        "port": SERVER_PORT,
                         "weight": w,
                     }
                     for rev, w in ([(fallback, 100)] if fallback else backend_weights(stable, canary, weight))
@@ -96,6 +103,6 @@ def build_httproute(
         "name": md.name,
         "namespace": md.namespace,
         "labels": labels,
-        "ownerReferences": [b.owner_reference(md)],
+        "ownerReferences": [owner_reference(md)],
     }
-    return b.stamp({"apiVersion": API_VERSION, "kind": "HTTPRoute", "metadata": meta, "spec": spec})
+    return stamp({"apiVersion": API_VERSION, "kind": "HTTPRoute", "metadata": meta, "spec": spec})
