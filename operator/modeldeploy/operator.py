@@ -24,6 +24,7 @@ import random
 import socket
 import sys
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -191,7 +192,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--peering-name", default=env("MODELDEPLOY_PEERING_NAME", "modeldeploy"))
     p.add_argument("--peering-lifetime", type=int, default=int(env("MODELDEPLOY_PEERING_LIFETIME", "30")))
-    p.add_argument("--workers", type=int, default=int(env("MODELDEPLOY_WORKERS", "4")))
+    p.add_argument("--workers", type=int, default=int(env("MODELDEPLOY_WORKERS", "8")))
     p.add_argument(
         "--bind-host",
         default=env("MODELDEPLOY_BIND_HOST") or env("POD_IP") or "127.0.0.1",
@@ -242,6 +243,11 @@ def ensure_peering(kube: Kube, name: str, namespaces: list[str]) -> None:
 
 async def run(args: argparse.Namespace) -> None:
     ident = identity()
+    # reconciles run in the loop's default executor (asyncio.to_thread), whose own size is min(32, CPUs + 4):
+    # on a small node fewer threads than workers, and the workers would wait for threads
+    asyncio.get_running_loop().set_default_executor(
+        ThreadPoolExecutor(max_workers=args.workers + 2, thread_name_prefix="modeldeploy")
+    )
     kube = Kube.from_environment(pool_size=max(4, args.workers * 2))
     if not args.standalone and args.create_peering:
         await asyncio.to_thread(ensure_peering, kube, args.peering_name, args.namespace)
