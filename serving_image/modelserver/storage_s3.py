@@ -50,6 +50,7 @@ from .store_checksums import (
     combined,
     from_response,
     new_hasher,
+    part_digests,
     pick_algorithm,
 )
 
@@ -676,13 +677,9 @@ class StreamHashes:
         got = self.ranges(bucket, key)
         if part_sizes is None:
             return got[0][0].hex() if 0 in got and len(got) == 1 else None
-        digests, start = [], 0
-        for size in part_sizes:
-            md5_n = got.get(start)
-            if md5_n is None or md5_n[1] != size:
-                return None
-            digests.append(md5_n[0])
-            start += size
+        digests = part_digests(got, part_sizes)
+        if digests is None:
+            return None
         return hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest() + f"-{len(part_sizes)}"
 
 

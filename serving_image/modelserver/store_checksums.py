@@ -83,26 +83,31 @@ def _gf2_square(mat: Sequence[int]) -> list[int]:
 
 
 def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """CRC32(A + B) from CRC32(A), CRC32(B) and len(B): zlib's ``crc32_combine`` (GF(2) matrix powers)."""
-    if len2 <= 0:
-        return crc1
-    odd = [0xEDB88320] + [1 << n for n in range(31)]  # the operator for one zero bit
-    even = _gf2_square(odd)  # two zero bits
-    odd = _gf2_square(even)  # four zero bits
-    while True:
-        even = _gf2_square(odd)
+    """CRC32(A + B) from CRC32(A), CRC32(B) and len(B): zlib's ``crc32_combine`` (the GF(2) operator that
+    appends a zero byte, raised to the power ``len2`` by squaring)."""
+    op = [0xEDB88320] + [1 << n for n in range(31)]  # appends one zero bit
+    for _ in range(3):
+        op = _gf2_square(op)  # ... 2, 4, then 8 zero bits: one zero byte
+    while len2 > 0:
         if len2 & 1:
-            crc1 = _gf2_times(even, crc1)
+            crc1 = _gf2_times(op, crc1)
         len2 >>= 1
-        if not len2:
-            break
-        odd = _gf2_square(even)
-        if len2 & 1:
-            crc1 = _gf2_times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
+        if len2:
+            op = _gf2_square(op)
     return crc1 ^ crc2
+
+
+def part_digests(ranges: Mapping[int, tuple[bytes, int]], part_sizes: Sequence[int]) -> list[bytes] | None:
+    """The digest of each part, when each part came as one range (``ranges``: start -> (digest, length));
+    None otherwise."""
+    digests, start = [], 0
+    for n in part_sizes:
+        got = ranges.get(start)
+        if got is None or got[1] != n:
+            return None
+        digests.append(got[0])
+        start += n
+    return digests
 
 
 # ------------------------------------------------------------------------------------------- the verdict
@@ -153,13 +158,9 @@ def combined(
     if expected.kind == "COMPOSITE":
         if not part_sizes or len(part_sizes) != expected.parts:
             return None
-        digests, start = [], 0
-        for n in part_sizes:
-            got = ranges.get(start)
-            if got is None or got[1] != n:
-                return None
-            digests.append(got[0])
-            start += n
+        digests = part_digests(ranges, part_sizes)
+        if digests is None:
+            return None
         h = new_hasher(expected.algorithm)
         h.update(b"".join(digests))
         return f"{_b64(h.digest())}-{len(digests)}"

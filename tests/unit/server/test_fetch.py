@@ -523,22 +523,19 @@ def test_transient_errors_are_retried_then_reported(s3_env, stub, tmp_path: Path
     assert len(heads) == 3  # botocore's standard retries: 3 attempts, with backoff
 
 
-def test_tampered_object_is_a_checksum_mismatch(s3_env, stub, tmp_path: Path, monkeypatch):
-    """Bytes that do not match the store's ETag (MD5): ChecksumMismatch even without --sha256."""
-    url, _ = stub("tamper")
+@pytest.mark.parametrize(
+    "mode,reason",
+    [
+        ("tamper", "does not match the store's ETag"),  # its ETag (MD5): ChecksumMismatch without --sha256
+        ("tamper-crc", "store's checksum"),  # its CRC32 (a flexible checksum) too
+    ],
+)
+def test_tampered_object_is_a_checksum_mismatch(s3_env, stub, tmp_path: Path, monkeypatch, mode, reason):
+    """Bytes that do not match the store's record of them: ChecksumMismatch, nothing left behind."""
+    url, _ = stub(mode)
     monkeypatch.setenv("S3_ENDPOINT", url)
     dest = tmp_path / "d"
-    with pytest.raises(ChecksumMismatch, match="does not match the store's ETag"):
-        fetch_model("s3://models/m/model.bin", dest, opts())
-    assert not dest.exists()
-    no_staging_left(dest)
-
-
-def test_tampered_object_against_its_crc32_is_a_checksum_mismatch(s3_env, stub, tmp_path: Path, monkeypatch):
-    url, _ = stub("tamper-crc")
-    monkeypatch.setenv("S3_ENDPOINT", url)
-    dest = tmp_path / "d"
-    with pytest.raises(ChecksumMismatch, match="store's checksum"):
+    with pytest.raises(ChecksumMismatch, match=reason):
         fetch_model("s3://models/m/model.bin", dest, opts())
     assert not dest.exists()
     no_staging_left(dest)
