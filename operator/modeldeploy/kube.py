@@ -34,7 +34,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,25 @@ def _plural_of(path: str) -> str:
     return parts[0] if parts else "?"
 
 
+#: how long a kind the server does not serve is taken as still not served, before discovery is asked again
+MISS_TTL = 10.0
+
+
+def _not_served(rt: ResourceType) -> KubeError:
+    return KubeError(
+        404,
+        {
+            "kind": "Status",
+            "status": "Failure",
+            "reason": "NotFound",
+            "message": f"the server does not serve {rt.kind} ({rt.api_version})",
+            "code": 404,
+        },
+        "DISCOVER",
+        rt.path(),
+    )
+
+
 class Kube:
     """Synchronous client over plain dicts; thread-safe (one pool shared by the caller's threads)."""
 
@@ -244,6 +264,10 @@ class Kube:
         self._lock = threading.Lock()
         self._dynamic: DynamicClient | None = None
         self._resources: dict[tuple[str, str, str | None], Any] = {}
+        # kinds the server did not serve, and when discovery last said so: asked again after MISS_TTL (a
+        # reconcile that needs an absent CRD must not refresh the whole discovery every time)
+        self._missing: dict[tuple[str, str], float] = {}
+        self._clock: Callable[[], float] = time.monotonic
 
     # -------------------------------------------------------------------------------- construction
     @classmethod
@@ -301,27 +325,21 @@ class Kube:
         res = self._resources.get(key)
         if res is not None:
             return res
+        missed = self._missing.get(key[:2])
+        if missed is not None and self._clock() - missed < MISS_TTL:
+            raise _not_served(rt)
         dyn = self.dynamic
         with self._lock:  # the discoverer is not thread-safe (a miss rebuilds its cache)
             try:
                 # LazyDiscoverer.search invalidates its cache and searches again on a miss: a CRD
-                # installed after this client was made is found on the first call that needs it
+                # installed after this client was made is found on the first call after MISS_TTL
                 res = dyn.resources.get(api_version=rt.api_version, kind=rt.kind)
             except ResourceNotFoundError:
-                raise KubeError(
-                    404,
-                    {
-                        "kind": "Status",
-                        "status": "Failure",
-                        "reason": "NotFound",
-                        "message": f"the server does not serve {rt.kind} ({rt.api_version})",
-                        "code": 404,
-                    },
-                    "DISCOVER",
-                    rt.path(),
-                ) from None
+                self._missing[key[:2]] = self._clock()
+                raise _not_served(rt) from None
             except ApiException as e:  # discovery itself refused (403, 5xx after the retries)
                 raise KubeError.from_api_exception(e, "GET", f"{rt.path()} (discovery)") from None
+            self._missing.pop(key[:2], None)
             if sub is not None:
                 parent = res
                 res = parent.subresources.get(sub)

@@ -225,12 +225,20 @@ def test_discovery_once_not_per_call(client):
     assert len(_calls()) == 10
 
 
-def test_a_crd_installed_later_is_found_after_one_refresh(client):
+def test_a_crd_installed_later_is_found_after_the_miss_ttl(client):
     with pytest.raises(k.KubeError) as e:
         client.list(k.SCALEDOBJECT, "ns", None)
     assert e.value.status == 404 and "ScaledObject" in e.value.message
     assert client.get(k.SCALEDOBJECT, "ns", "so") is None  # a kind not served reads as missing
     Handler.keda_installed = True  # KEDA's CRDs arrive after the client discovered the server
+    now = [1000.0]
+    client._clock = lambda: now[0]
+    client._missing = {key: now[0] for key in client._missing}  # the misses above, on this clock
+    asked = len(Handler.seen)
+    with pytest.raises(k.KubeError):  # a miss is remembered for MISS_TTL: no discovery per call
+        client.list(k.SCALEDOBJECT, "ns", None)
+    assert len(Handler.seen) == asked
+    now[0] += k.MISS_TTL
     assert client.list(k.SCALEDOBJECT, "ns", None) == []
     assert _calls()[-1]["path"] == "/apis/keda.sh/v1alpha1/namespaces/ns/scaledobjects"
 
