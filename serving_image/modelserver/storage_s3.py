@@ -949,6 +949,10 @@ def download(
             while pending:
                 _tick(listing, deadline, cancelled)
                 done = _next_event(events)
+                if done is None:
+                    # no word for a while: look at the transfers themselves too (a done callback that was
+                    # never called must not leave the fetch waiting for its deadline)
+                    done = next((f for f in pending if f.done()), None)
                 if done in pending:
                     plan = pending.pop(done)
                     try:
