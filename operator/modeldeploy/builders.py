@@ -32,6 +32,8 @@ import json
 import math
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from . import api, model_storage
 from .api import ModelDeployment, ModelDeploymentSpec, default_image
 
@@ -167,6 +169,15 @@ def termination_grace_seconds(spec: ModelDeploymentSpec) -> int:
     return PRESTOP_SLEEP_SECONDS + math.ceil(spec.batching.max_timeout_ms / 1000) + GRACE_SLACK_SECONDS
 
 
+def torch_threads(cpu: int | str) -> int:
+    """torch's intra-op threads for a pod that requests ``cpu``: the whole cores it asked for, at least one.
+
+    torch's default is one thread per core of the node: on a 64-core node, pods that asked for 2 cores
+    would each run 64 threads and slow one another down; pods that stay within their request add
+    throughput as they are added (the autoscaler's premise)."""
+    return max(1, math.floor(parse_quantity(cpu)))
+
+
 def server_env(md_name: str, spec: ModelDeploymentSpec, revision: str = "") -> list[dict[str, str]]:
     """Environment of the server container: model and batching settings (``MODELSERVER_*``), and the
     ModelDeployment's name and the pod's revision (``MODELDEPLOY_*``)."""
@@ -188,6 +199,7 @@ def server_env(md_name: str, spec: ModelDeploymentSpec, revision: str = "") -> l
         "MODELSERVER_MAX_TIMEOUT_MS": str(b.max_timeout_ms),
         # "auto" picks CUDA when the pod got a GPU and falls back to CPU otherwise
         "MODELSERVER_DEVICE": "auto" if spec.resources.gpu > 0 else "cpu",
+        "MODELSERVER_NUM_THREADS": str(torch_threads(spec.resources.cpu)),
         "MODELSERVER_SHADOW_FILE": SHADOW_FILE,
     }
     if m.sha256 and source.server_checks_sha256:

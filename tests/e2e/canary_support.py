@@ -115,7 +115,7 @@ class LoadGenerator:
 
     ``url`` (and ``host``) override where requests go; by default the model Service's ClusterIP
     (``replicas``) or the cluster's Gateway with the route's hostname (``gatewayAPI``), resolved at
-    :meth:`start`.
+    :meth:`start`. Requests go to ``model``; ``filler`` is appended to every text (a longer input).
     """
 
     def __init__(
@@ -133,8 +133,11 @@ class LoadGenerator:
         url: str | None = None,
         host: str | None = None,
         headers: dict[str, str] | None = None,
+        model: str = "echo",
+        filler: str = "",
     ) -> None:
         self.kube, self.ns, self.name, self.mode = kube, ns, name, mode
+        self.model, self.filler = model, filler
         self.max_requests, self.max_seconds = max_requests, max_seconds
         self.workers, self.pause = workers, pause
         self.poison_share = poison_share
@@ -184,7 +187,7 @@ class LoadGenerator:
         body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
         t0 = time.monotonic()
         try:
-            resp = client.post(f"{self.url}/v2/models/echo/infer", json=body)
+            resp = client.post(f"{self.url}/v2/models/{self.model}/infer", json=body)
         except httpx.HTTPError as exc:
             now = time.monotonic()
             return Record(now, None, 0, error=f"{type(exc).__name__}: {exc}"[:200], latency=now - t0)
@@ -208,7 +211,7 @@ class LoadGenerator:
                         return
                     self._sent += 1
                 i += 1
-                text = f"request {seed}-{i} {rnd.random():.6f}"
+                text = f"request {seed}-{i} {rnd.random():.6f}{self.filler}"
                 if self.poison_share and rnd.random() < self.poison_share:
                     text += f" {POISON}"
                 rec = self.send(client, text)

@@ -2,9 +2,12 @@
 concurrency from Prometheus, KEDA's HPA (kube-controller-manager) writes the ModelDeployment's
 ``spec.replicas`` through its scale subresource, and the operator splits them between revisions.
 
-The model is the noop model with a fixed service time and one item per batch: a pod's capacity is fixed
-(10 requests/s), as a GPU's is, so more pods really are more capacity. MiniLM on this machine's two CPU
-cores would not be: its pods share the same cores, and adding one adds no throughput.
+The first and last tests use the noop model with a fixed service time and one item per batch: a pod's
+capacity is fixed (10 requests/s), as a GPU's is, so more pods really are more capacity, and the canary
+test needs no more cores than the cluster has. The MiniLM test scales the real model: each pod requests
+one CPU and so runs one torch thread (the operator's ``MODELSERVER_NUM_THREADS``), and this machine has
+two cores, so a second pod adds a core's throughput and a third or fourth adds none -- enough for load
+that swamps one pod to be served again once the fleet has grown.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 from localcluster.testing import Kube, wait_for
 
 from .canary_support import LoadGenerator, md_status, noop_md
+from .conftest import minilm_uri
 
 NAME = "elastic"
 SERVICE_TIME_MS = 100
@@ -42,8 +46,12 @@ def elastic_md(kube: Kube, version: str, **rollout: Any) -> dict[str, Any]:
     return body
 
 
+def replicas_of(kube: Kube, ns: str, name: str) -> int:
+    return int((kube.get(SCALE.format(ns=ns, name=name)) or {}).get("spec", {}).get("replicas", 0))
+
+
 def replicas(kube: Kube, ns: str) -> int:
-    return int((kube.get(SCALE.format(ns=ns, name=NAME)) or {}).get("spec", {}).get("replicas", 0))
+    return replicas_of(kube, ns, NAME)
 
 
 def quantile(latencies: list[float], q: float) -> float:
@@ -93,6 +101,100 @@ def test_load_scales_the_modeldeployment_out_and_back_in(kube: Kube, operator: A
     # load gone: back to minReplicas after the stabilization window
     wait_for(lambda: replicas(kube, ns) == 1, timeout=180, what="back to 1 replica")
     wait_for(lambda: md_status(kube, ns, NAME).get("servingReplicas") == 1, timeout=30, what="status follows")
+
+
+# ~100 tokens of text: ~25 ms of one core per item in a batch (a pod serves ~35 of them a second)
+FILLER = " the quick brown fox jumps over the lazy dog" * 10
+# the p99 this ModelDeployment's user asks for (seeds/004: a p99 over 0.5-1 s is the usual alarm)
+P99_TARGET_S = 0.4
+
+
+def minilm_elastic_md(kube: Kube) -> dict[str, Any]:
+    prometheus = kube.cluster.prometheus_url_pods or kube.cluster.prometheus_url
+    return {
+        "apiVersion": "modeldeploy.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "minilm-elastic"},
+        "spec": {
+            "model": {
+                "name": "minilm",
+                "version": "1",
+                "uri": minilm_uri(),
+                "format": "hf",
+                "task": "embedding",
+            },
+            "resources": {"cpu": "1", "memory": "2Gi"},  # one core: one torch thread per pod
+            "batching": {
+                "maxBatchSize": 16,
+                "maxQueueDelayMs": 2,
+                "maxSequenceLength": 128,
+                "buckets": [128],
+            },
+            "autoscaling": {
+                "minReplicas": 1,
+                "maxReplicas": 4,
+                "metric": "concurrency",
+                "target": 2,
+                "window": "30s",
+                "pollingInterval": "5s",
+                "scaleDownStabilization": "60s",  # no scale-in while the test measures
+                "prometheusUrl": prometheus,
+            },
+        },
+    }
+
+
+def test_minilm_under_rising_load_scales_out_and_its_p99_comes_back_under_target(
+    kube: Kube, operator: Any, namespace: str
+) -> None:
+    ns, name = namespace, "minilm-elastic"
+    kube.apply(minilm_elastic_md(kube), ns)
+    wait_for(lambda: md_status(kube, ns, name).get("readyReplicas") == 1, timeout=180, what="MiniLM ready")
+    pods = kube.pods(ns, f"modeldeploy.io/name={name}")
+    (server,) = pods[0]["spec"]["containers"]
+    assert {"name": "MODELSERVER_NUM_THREADS", "value": "1"} in server["env"]
+
+    # 40 clients, each pausing 0.8 s after an answer: ~45 requests/s on a fleet that keeps up, more than
+    # one pod serves, so on one pod every client waits in its queue; concurrency -> ceil(n / 2) pods
+    load = LoadGenerator(
+        kube, ns, name, workers=40, pause=0.8, max_seconds=400, model="minilm", filler=FILLER
+    ).wait_serving(timeout=60)
+    load.start()
+    started = time.monotonic()
+    try:
+        wait_for(lambda: replicas_of(kube, ns, name) >= 3, timeout=150, what="scaled out to >= 3")
+        scaled_out = time.monotonic()
+        wait_for(
+            lambda: md_status(kube, ns, name).get("readyReplicas", 0) >= 3,
+            timeout=180,
+            what="3 MiniLM pods in traffic",
+        )
+        in_traffic = time.monotonic()
+        # the HPA may have asked for a 4th pod: its start (loading torch) takes CPU from the others
+        wait_for(
+            lambda: md_status(kube, ns, name).get("readyReplicas", 0) >= replicas_of(kube, ns, name),
+            timeout=120,
+            what="every pod the autoscaler asked for in traffic",
+        )
+        settled = time.monotonic()
+        time.sleep(23)  # a window of traffic on the larger fleet
+    finally:
+        load.stop()
+    fleet = replicas_of(kube, ns, name)
+    before = [r.latency for r in load.snapshot() if r.kind == "ok" and r.t < scaled_out]
+    after = [r.latency for r in load.snapshot(since=settled + 3) if r.kind == "ok"]
+    print(
+        f"MiniLM: scaled out {scaled_out - started:.1f}s after the load began, 3 pods in traffic after "
+        f"{in_traffic - started:.1f}s, all {fleet} after {settled - started:.1f}s; "
+        f"before p50/p99 {quantile(before, 0.5):.3f}/"
+        f"{quantile(before, 0.99):.3f}s ({len(before)} requests), after {quantile(after, 0.5):.3f}/"
+        f"{quantile(after, 0.99):.3f}s ({len(after)} requests); outcomes {load.by_kind()}"
+    )
+    assert set(load.by_kind()) == {"ok"}, load.by_kind()
+    assert len(before) >= 100 and len(after) >= 100
+    assert quantile(before, 0.99) > P99_TARGET_S, "the load did not swamp one pod: the test shows nothing"
+    assert quantile(after, 0.99) < P99_TARGET_S
+    wait_for(lambda: replicas_of(kube, ns, name) == 1, timeout=180, what="back to 1 replica")
 
 
 def test_scaling_during_a_canary_keeps_the_weight_within_one_pod(

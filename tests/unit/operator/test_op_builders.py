@@ -129,6 +129,14 @@ def test_device_follows_the_gpu_count():
     assert env(deployment(make_md(resources={"gpu": 1})))["MODELSERVER_DEVICE"] == "auto"
 
 
+@pytest.mark.parametrize(
+    ("cpu", "threads"), [("100m", 1), ("1", 1), ("1500m", 1), ("2", 2), (4, 4), ("7.9", 7), ("16", 16)]
+)
+def test_torch_threads_are_the_whole_cores_the_pod_requests(cpu, threads):
+    """Not torch's default of one per node core: pods on one node would oversubscribe it."""
+    assert env(deployment(make_md(resources={"cpu": cpu})))["MODELSERVER_NUM_THREADS"] == str(threads)
+
+
 def test_node_selector_and_tolerations():
     md = make_md(
         nodeSelector={"nvidia.com/gpu.present": "true"},
