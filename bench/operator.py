@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,12 +45,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 from localcluster import podnet
 from localcluster.audit import writes_by_agents
 from localcluster.cluster import Cluster, binaries_dir, down, up
 from localcluster.kubeapi import KubeAPI
+from localcluster.operator_process import OperatorProcess
 from localcluster.promtext import sample_sum
 from localcluster.state import REPO_ROOT
 from modeldeploy import builders
@@ -74,12 +73,6 @@ def _bench_service_cidr(self: podnet.PodNetwork) -> str:
 
 
 podnet.PodNetwork.service_cidr = property(_bench_service_cidr)  # type: ignore[assignment,method-assign]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def md(name: str) -> dict[str, Any]:
@@ -254,23 +247,12 @@ class Operator:
     """The operator as a process of its own (standalone), its metrics, its memory."""
 
     def __init__(self, cluster: Cluster, env: dict[str, str], log: Path) -> None:
-        self.metrics_port = free_port()
-        op_env = {
-            **env,
-            "MODELDEPLOY_STANDALONE": "1",
-            "MODELDEPLOY_BIND_HOST": "127.0.0.1",
-            "MODELDEPLOY_METRICS_PORT": str(self.metrics_port),
-            "MODELDEPLOY_HEALTH_PORT": str(free_port()),
-            "MODELDEPLOY_PROMETHEUS_URL": cluster.prometheus_url,
-        }
-        self._log = open(log, "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "modeldeploy"], env=op_env, stdout=self._log, stderr=subprocess.STDOUT
-        )
+        self._op = OperatorProcess(cluster, log, base_env=env)
+        self.proc = self._op.proc
         self.ps = psutil.Process(self.proc.pid)
 
     def metrics(self) -> str:
-        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
+        return self._op.metrics()
 
     def reconciles(self) -> float:
         return sample_sum(self.metrics(), "modeldeploy_reconciles_total")
@@ -286,12 +268,7 @@ class Operator:
         return self.rss_mib()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self._log.close()
+        self._op.stop()
 
 
 def install_crds(env: dict[str, str]) -> None:

@@ -40,7 +40,6 @@ import platform
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,10 +50,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 from localcluster.cluster import Cluster, down, up
 from localcluster.kubeapi import KubeAPI, KubeError
 from localcluster.objectstore import ObjectStore
+from localcluster.operator_process import OperatorProcess
 from localcluster.state import REPO_ROOT
 
 RESULTS = REPO_ROOT / "bench" / "results" / "storage.json"
@@ -95,12 +94,6 @@ for key in keys:
     s3.download_file(bucket, key, path)
 print(json.dumps({"seconds": time.monotonic() - t0, "objects": len(keys)}))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _r(x: float | None, nd: int = 2) -> float | None:
@@ -406,34 +399,6 @@ def pod_ready(cluster: Cluster, s3: ObjectStore, prefixes: list[str], hits: int,
 # ------------------------------------------------------------------------------------------- operator
 
 
-def start_operator(cluster: Cluster, log: Path) -> subprocess.Popen[bytes]:
-    health = free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(cluster.kubeconfig),
-        "MODELDEPLOY_PROMETHEUS_URL": cluster.prometheus_url,
-        "MODELDEPLOY_NODE_CACHE_PATH": str(cluster.state_dir / "node-cache"),
-        "MODELDEPLOY_STANDALONE": "1",
-        "MODELDEPLOY_BIND_HOST": "127.0.0.1",
-        "MODELDEPLOY_METRICS_PORT": str(free_port()),
-        "MODELDEPLOY_HEALTH_PORT": str(health),
-    }
-    with log.open("ab") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "modeldeploy"], env=env, stdout=f, stderr=subprocess.STDOUT
-        )
-    for _ in range(300):
-        try:
-            if httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise RuntimeError(f"the operator exited ({proc.returncode}); see {log}")
-        time.sleep(0.2)
-    raise RuntimeError("the operator is not live after 60 s")
-
-
 def install_crds(cluster: Cluster) -> None:
     from localcluster.cluster import binaries_dir
 
@@ -569,19 +534,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print("pod-Ready time, cold vs node-cache hit", flush=True)
         install_crds(cluster)
-        operator = start_operator(cluster, work / "operator.log")
+        operator = OperatorProcess(cluster, work / "operator.log").wait_live()
         result["pods"] = pod_ready(cluster, s3, prefixes[: args.cold], args.hits, args.timeout)
     finally:
         if operator is not None:
-            operator.terminate()
-            try:
-                operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-        if (work / "operator.log").exists():
-            tail = (work / "operator.log").read_text(errors="replace").splitlines()[-15:]
+            operator.stop()
             if "pods" not in result:
-                print("--- operator log (tail) ---\n" + "\n".join(tail), flush=True)
+                print("--- operator log (tail) ---\n" + operator.log_tail(15), flush=True)
         if state.exists():
             down(state)
         shutil.rmtree(work, ignore_errors=True)

@@ -344,4 +344,4 @@ def start_operator(kube: Kube, log_path: Any) -> Any:
 
     from .conftest import start_operator as start
 
-    return start(kube, Path(log_path))[0]
+    return start(kube, Path(log_path)).proc

@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+from localcluster.operator_process import OperatorProcess
 from localcluster.state import REPO_ROOT
 from localcluster.testing import Kube, wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def minilm_uri() -> str:
@@ -36,25 +29,9 @@ def crds(kube: Kube) -> None:
     )
 
 
-def start_operator(kube: Kube, log_path: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """``python -m modeldeploy`` (standalone, admin credentials) on the cluster: (process, health port)."""
-    health = _free_port()
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(kube.kubeconfig),
-        "MODELDEPLOY_PROMETHEUS_URL": kube.cluster.prometheus_url,
-        # both fake nodes are this machine: the node cache goes with the cluster's state
-        "MODELDEPLOY_NODE_CACHE_PATH": str(kube.cluster.state_dir / "node-cache"),
-        "MODELDEPLOY_STANDALONE": "1",
-        "MODELDEPLOY_BIND_HOST": "127.0.0.1",
-        "MODELDEPLOY_METRICS_PORT": str(_free_port()),
-        "MODELDEPLOY_HEALTH_PORT": str(health),
-    }
-    with log_path.open("ab") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "modeldeploy"], env=env, stdout=f, stderr=subprocess.STDOUT
-        )
-    return proc, health
+def start_operator(kube: Kube, log_path: Path) -> OperatorProcess:
+    """``python -m modeldeploy`` (standalone, admin credentials) on the cluster."""
+    return OperatorProcess(kube.cluster, log_path)
 
 
 @pytest.fixture(scope="session")
@@ -69,23 +46,12 @@ def operator(
         # ServiceAccount token and RBAC, so the scenarios prove the RBAC is sufficient.
         yield from _chart_operator(kube, tmp_path_factory)
         return
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    proc, health = start_operator(kube, log)
+    op = start_operator(kube, tmp_path_factory.mktemp("operator") / "operator.log")
     try:
-        wait_for(
-            lambda: httpx.get(f"http://127.0.0.1:{health}/healthz", timeout=2).status_code == 200,
-            timeout=60,
-            what="operator liveness",
-        )
-        yield proc
+        yield op.wait_live().proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])
-        sys.stderr.write(f"\n--- operator log (tail) ---\n{tail}\n")
+        op.stop()
+        sys.stderr.write(f"\n--- operator log (tail) ---\n{op.log_tail()}\n")
 
 
 def _chart_operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:

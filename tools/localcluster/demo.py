@@ -33,6 +33,7 @@ import yaml
 from .cluster import Cluster, binaries_dir, down, up
 from .kubeapi import KubeAPI, ready_endpoints, service_url
 from .objectstore import ObjectStore
+from .operator_process import operator_env
 from .state import REPO_ROOT, ClusterRecord, Layout, ProcessRecord
 
 BOLD, DIM, RESET = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
@@ -79,15 +80,7 @@ class Demo:
         if any(p.name == "operator" for p in rec.processes):
             return
         log = layout.log("operator")
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.cluster.kubeconfig),
-            "MODELDEPLOY_PROMETHEUS_URL": self.cluster.prometheus_url,
-            "MODELDEPLOY_NODE_CACHE_PATH": str(self.cluster.state_dir / "node-cache"),
-            "MODELDEPLOY_STANDALONE": "1",
-            "MODELDEPLOY_METRICS_PORT": "0",
-            "MODELDEPLOY_HEALTH_PORT": "0",
-        }
+        env = operator_env(self.cluster, metrics_port=0, health_port=0)
         argv = [sys.executable, "-m", "modeldeploy"]
         with open(log, "ab") as f:
             proc = subprocess.Popen(

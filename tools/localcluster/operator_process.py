@@ -1,0 +1,89 @@
+"""The operator as a process of its own on the local cluster: ``python -m modeldeploy``, standalone (no
+leader election), with the cluster's admin kubeconfig -- as the e2e suite, the benchmarks and
+``make demo`` run it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import httpx
+
+from .cluster import Cluster
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def operator_env(
+    cluster: Cluster, *, metrics_port: int, health_port: int, base: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The operator's environment: ``base`` (default: this process's) with the cluster's kubeconfig and
+    Prometheus, the node cache under the cluster's state (both nodes are this machine), and its ports on
+    127.0.0.1 (0: any free port)."""
+    return {
+        **(os.environ if base is None else base),
+        "KUBECONFIG": str(cluster.kubeconfig),
+        "MODELDEPLOY_PROMETHEUS_URL": cluster.prometheus_url,
+        "MODELDEPLOY_NODE_CACHE_PATH": str(cluster.state_dir / "node-cache"),
+        "MODELDEPLOY_STANDALONE": "1",
+        "MODELDEPLOY_BIND_HOST": "127.0.0.1",
+        "MODELDEPLOY_METRICS_PORT": str(metrics_port),
+        "MODELDEPLOY_HEALTH_PORT": str(health_port),
+    }
+
+
+class OperatorNotLive(RuntimeError):
+    """The operator process exited, or its liveness endpoint did not answer in time."""
+
+
+class OperatorProcess:
+    """A started operator process; its output goes to ``log``."""
+
+    def __init__(self, cluster: Cluster, log: Path, *, base_env: Mapping[str, str] | None = None) -> None:
+        self.log = log
+        self.metrics_port, self.health_port = free_port(), free_port()
+        env = operator_env(
+            cluster, metrics_port=self.metrics_port, health_port=self.health_port, base=base_env
+        )
+        with log.open("ab") as f:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "modeldeploy"], env=env, stdout=f, stderr=subprocess.STDOUT
+            )
+
+    def wait_live(self, timeout: float = 60) -> OperatorProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise OperatorNotLive(f"the operator exited ({self.proc.returncode}); see {self.log}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise OperatorNotLive(f"the operator is not live after {timeout:.0f} s; see {self.log}")
+
+    def metrics(self) -> str:
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).text
+
+    def stop(self, timeout: float = 30) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=timeout)
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log.exists():
+            return ""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
