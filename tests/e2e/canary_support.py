@@ -30,10 +30,12 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 from localcluster.kubeapi import service_url
+from localcluster.operator_process import OperatorProcess
 from localcluster.testing import Kube
 
 GROUP_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}"
@@ -340,8 +342,4 @@ def pids(kube: Kube, ns: str, name: str, revision: str) -> dict[str, tuple[str, 
 
 def start_operator(kube: Kube, log_path: Any) -> Any:
     """Another operator process (standalone), for the crash tests; returns the Popen."""
-    from pathlib import Path
-
-    from .conftest import start_operator as start
-
-    return start(kube, Path(log_path)).proc
+    return OperatorProcess(kube.cluster, Path(log_path)).proc

@@ -34,11 +34,6 @@ def crds(kube: Kube) -> None:
     )
 
 
-def start_operator(kube: Kube, log_path: Path) -> OperatorProcess:
-    """``python -m modeldeploy`` (standalone, admin credentials) on the cluster."""
-    return OperatorProcess(kube.cluster, log_path)
-
-
 @pytest.fixture(scope="session")
 def operator(
     kube: Kube, crds: None, tmp_path_factory: pytest.TempPathFactory
@@ -51,7 +46,7 @@ def operator(
         # ServiceAccount token and RBAC, so the scenarios prove the RBAC is sufficient.
         yield from _chart_operator(kube, tmp_path_factory)
         return
-    op = start_operator(kube, tmp_path_factory.mktemp("operator") / "operator.log")
+    op = OperatorProcess(kube.cluster, tmp_path_factory.mktemp("operator") / "operator.log")
     try:
         yield op.wait_live().proc
     finally:

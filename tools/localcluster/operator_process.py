@@ -5,7 +5,6 @@ leader election), with the cluster's admin kubeconfig -- as the e2e suite, the b
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from .cluster import Cluster
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from .cluster import Cluster, free_port
 
 
 def operator_env(
