@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import subprocess
 import uuid
 from dataclasses import dataclass, field
@@ -23,7 +24,15 @@ REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "modeldeploy"
 MD_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}"
 CRDS = ("modeldeployments.modeldeploy.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev")
-FORBIDDEN_MARKERS = ("403", "Forbidden", "forbidden", "Not enough permissions")
+# Every refusal the operator can log names itself: the apiserver's 403 carries reason Forbidden
+# ("... is forbidden: User ..."), and kopf says "Not enough permissions". A bare "403" is not a
+# marker: it turns up inside millisecond timestamps and the random peering priority.
+REFUSAL = re.compile(r"forbidden|not enough permissions", re.IGNORECASE)
+
+
+def refusal_lines(log: str) -> list[str]:
+    """The operator log's lines that report the apiserver refusing the operator something."""
+    return [line for line in log.splitlines() if REFUSAL.search(line)]
 
 
 def unique(prefix: str) -> str:

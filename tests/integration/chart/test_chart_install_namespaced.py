@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from chart_cluster import (
+    refusal_lines,
     CRDS,
-    FORBIDDEN_MARKERS,
     MD_PATH,
     RESTRICTED,
     Helm,
@@ -122,7 +122,7 @@ def test_modeldeployment_reconciled_under_the_chart_rbac(kube: Any, release: Rel
     # reads too: kopf and our client log every refusal
     (op,) = operator_pods(kube, release)
     log = operator_log(kube, op)
-    assert not [ln for ln in log.splitlines() if any(m in ln for m in FORBIDDEN_MARKERS)], log[-3000:]
+    assert not refusal_lines(log), log[-3000:]
 
     outside = kube.get(MD_PATH.format(ns=other, name="outside"))
     assert outside is not None and not outside.get("status")
@@ -239,7 +239,7 @@ def test_canary_rollout_promoted_under_the_chart_rbac(kube: Any, release: Releas
         assert not refused, refused[:3]
     (op,) = operator_pods(kube, release)
     log = operator_log(kube, op)
-    assert not [ln for ln in log.splitlines() if any(m in ln for m in FORBIDDEN_MARKERS)], log[-3000:]
+    assert not refusal_lines(log), log[-3000:]
 
 
 def test_negative_control_a_canary_judged_by_an_unreachable_prometheus_is_never_promoted(
