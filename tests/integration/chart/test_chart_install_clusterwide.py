@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from chart_cluster import (
-    refusal_lines,
     CRDS,
     RESTRICTED,
     Helm,
@@ -24,6 +23,7 @@ from chart_cluster import (
     md_ready,
     noop_md,
     operator_log,
+    refusal_lines,
     running_operator,
     unique,
 )

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from chart_cluster import (
-    refusal_lines,
     CRDS,
     MD_PATH,
     RESTRICTED,
@@ -32,6 +31,7 @@ from chart_cluster import (
     noop_md,
     operator_log,
     operator_pods,
+    refusal_lines,
     running_operator,
     token_subject,
     unique,
