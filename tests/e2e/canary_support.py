@@ -113,7 +113,8 @@ class Record:
 
 
 class LoadGenerator:
-    """Bounded closed-loop load: ``workers`` threads, each with a pause between requests.
+    """Bounded closed-loop load: ``workers`` threads, each with a pause between requests (``pause`` may
+    be changed while it runs: each worker reads it after every answer).
 
     ``url`` (and ``host``) override where requests go; by default the model Service's ClusterIP
     (``replicas``) or the cluster's Gateway with the route's hostname (``gatewayAPI``), resolved at
