@@ -343,6 +343,6 @@ def test_two_replicas_never_both_act(kube, operator: OperatorProcess, namespace,
         sys.stderr.write(f"\n--- second operator log ---\n{second.log_tail(40)}\n")
     first_before = applies(operator)
     scale_and_wait_restored()
-    # alone again, the first replica restores it (once, or twice when the scale's own watch events land
-    # before its apply does: CI saw 2)
+    # alone again, the first replica restores it: once, or (CI saw it once) twice, for a cause not yet
+    # traced; an apply of the same replica count is harmless
     assert applies(operator) >= first_before + 1
