@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 from localcluster.kubeapi import service_url
 from localcluster.operator_process import OperatorProcess
-from localcluster.testing import Kube
+from localcluster.testing import Kube, wait_for
 
 GROUP_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}"
 POISON = "POISON"
@@ -330,6 +330,17 @@ def md_status(kube: Kube, ns: str, name: str) -> dict[str, Any]:
 def events(kube: Kube, ns: str, name: str) -> list[dict[str, Any]]:
     items = (kube.get(f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])
     return [e for e in items if e.get("involvedObject", {}).get("name") == name]
+
+
+def wait_for_event(kube: Kube, ns: str, name: str, reason: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The first Event about ``name`` with ``reason``. The operator posts Events from a thread of its own
+    after the reconcile that wrote the status (``modeldeploy.events``), so one may land a moment after the
+    status that caused it is visible."""
+    return wait_for(
+        lambda: next((e for e in events(kube, ns, name) if e["reason"] == reason), None),
+        timeout=timeout,
+        what=f"a {reason} event about {name}",
+    )
 
 
 def pids(kube: Kube, ns: str, name: str, revision: str) -> dict[str, tuple[str, int]]:

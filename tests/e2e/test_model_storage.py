@@ -20,7 +20,7 @@ from localcluster.kubeapi import service_url
 from localcluster.objectstore import ObjectStore
 from localcluster.testing import Kube, wait_for
 
-from .canary_support import LoadGenerator, md_status, noop_md
+from .canary_support import LoadGenerator, md_status, noop_md, wait_for_event
 from .conftest import minilm_model, minilm_uri
 
 MD = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}"
@@ -228,8 +228,7 @@ def test_a_fetch_failure_is_a_condition_with_its_reason_within_30s(
     assert (seen - finished).total_seconds() <= 30, (finished, seen)
     st_md = md_status(kube, ns, name)
     assert st_md["phase"] == "Degraded"
-    reasons = [e["reason"] for e in kube.get(f"/api/v1/namespaces/{ns}/events")["items"]]
-    assert reason in reasons
+    wait_for_event(kube, ns, name, reason)
     # the credentials are nowhere a user or an operator's scrape would see them
     seen_text = json.dumps([st_md, kube.get(f"/api/v1/namespaces/{ns}/events"), kube.pods(ns)])
     pod_logs = "".join(

@@ -30,7 +30,15 @@ import pytest
 from localcluster.promtext import sample_sum
 from localcluster.testing import Kube, wait_for
 
-from .canary_support import LoadGenerator, events, gateway_routing, md_status, noop_md, start_operator
+from .canary_support import (
+    LoadGenerator,
+    events,
+    gateway_routing,
+    md_status,
+    noop_md,
+    start_operator,
+    wait_for_event,
+)
 from .conftest import minilm_uri
 
 NAME = "echo"
@@ -245,7 +253,7 @@ def test_minilm_shadow_stage(kube: Kube, operator: Any, namespace: str, mode: st
         assert agreement["verdict"] == "Pass" and agreement["value"] >= 0.99, ms
         assert ms["shadow-samples"]["value"] >= 30, ms
         assert counts["agree"] >= 30 and counts["disagree"] == 0, counts
-        assert "ShadowPassed" in [e["reason"] for e in events(kube, ns, NAME)]
+        wait_for_event(kube, ns, NAME, "ShadowPassed")
         assert st["stableRevision"] == v2
     else:
         assert decided["outcome"] == "RolledBack" and "shadow stage failed" in decided["reason"]
