@@ -373,13 +373,18 @@ class Kube:
                 return None
             raise
 
-    def list(
-        self, rt: ResourceType, namespace: str | None, label_selector: str | None = None
-    ) -> list[dict[str, Any]]:
-        metrics.READS.labels(kind=rt.kind, verb="list").inc()
+    def list_with_rv(
+        self, rt: ResourceType, namespace: str | None, label_selector: str | None = None, verb: str = "list"
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """:meth:`list`, and the list's ``metadata.resourceVersion``: the point in time every page shows
+        (later pages are served at the first one's), which tells what was deleted before it from what
+        was created after it. ``verb`` labels the request in ``modeldeploy_reads_total`` (the resync's
+        LISTs are not a reconcile's)."""
+        metrics.READS.labels(kind=rt.kind, verb=verb).inc()
         res = self.resource(rt)
         out: list[dict[str, Any]] = []
         cont: str | None = None
+        rv: str | None = None
         while True:
             page = self._call(
                 "GET",
@@ -395,9 +400,16 @@ class Kube:
                 item.setdefault("apiVersion", rt.api_version)
                 item.setdefault("kind", rt.kind)
                 out.append(item)
-            cont = (page.get("metadata") or {}).get("continue")
+            meta = page.get("metadata") or {}
+            rv = rv or meta.get("resourceVersion")
+            cont = meta.get("continue")
             if not cont:
-                return out
+                return out, rv
+
+    def list(
+        self, rt: ResourceType, namespace: str | None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
+        return self.list_with_rv(rt, namespace, label_selector)[0]
 
     # -------------------------------------------------------------------------------- writes
     def apply(self, obj: dict[str, Any], field_manager: str, force: bool = True) -> dict[str, Any]:
