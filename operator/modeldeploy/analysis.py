@@ -6,15 +6,21 @@ Split in two on purpose:
   metrics contract), :func:`judge` (samples -> a verdict with its measurements) and :func:`advance`
   (a verdict folded into the analysis state kept in status: consecutive failures, ``onNoData``,
   ``noDataTimeout``, ``failureLimit``);
-* I/O: :class:`PrometheusAnalyzer` runs the queries through ``prometheus-api-client``. A Prometheus that
-  cannot be reached, or that answers with an error, gives samples with ``error`` set -- judged as *no
-  data*, never as success.
+* I/O is elsewhere: :mod:`modeldeploy.measurements` runs the queries off the reconcile path through
+  :mod:`modeldeploy.promclient`. A query has three outcomes, as in Argo Rollouts: a value, *no data* (it
+  answered with no samples) and an *error* (timeout, refused, non-2xx, unparseable, more than one
+  series): ``onNoData`` governs no data only; an error holds the window and never passes it, and
+  ``errorLimit`` consecutive erroring windows pause the rollout for a human.
 
 The default checks use the server's metrics contract (docs/server.md) with the pod labels Prometheus
 carries over from discovery (``modeldeploy_io_name``, ``modeldeploy_io_revision``):
 
 * ``requests``: requests the revision answered in the window; fewer than ``minRequests`` is *no data*;
-* ``error-rate``: 5xx / all requests of the revision (max ``maxErrorRate``);
+* ``error-rate``: the server's own failures (5xx, and 413/429 from its admission control) / all requests
+  of the revision (max ``maxErrorRate``);
+* ``client-error-rate-increase``: the revision's 4xx share (413/429 excepted) minus the stable's in the same
+  window (max ``maxClientErrorRateIncrease``; only with a stable revision to compare with): a revision
+  that answers 404 to every client is a failure, not a pass;
 * ``p99-latency-ms``: p99 of ``modelserver_request_duration_seconds`` (max ``maxP99LatencyMs``);
 * ``latency-ratio-to-stable``: canary p99 / stable p99 (max ``maxLatencyRatioToStable``, only when set
   and when there is a stable revision in traffic to compare with);
@@ -32,7 +38,6 @@ stable's bounded queue dropped: our capacity, not the shadow's fault) without ju
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,10 +46,9 @@ from typing import Literal
 
 from .api import AnalysisSpec, AnalysisStatus, Measurement, ShadowSpec, parse_duration
 
-log = logging.getLogger(__name__)
-
 REQUESTS = "requests"
 ERROR_RATE = "error-rate"
+CLIENT_ERRORS = "client-error-rate-increase"
 P99 = "p99-latency-ms"
 RATIO = "latency-ratio-to-stable"
 SAMPLES = "shadow-samples"
@@ -55,7 +59,12 @@ SHADOW_DROPPED = "shadow-dropped"
 VOLUME_METRICS = (REQUESTS, SAMPLES)
 MEASUREMENTS_KEPT = 16
 
-Verdict = Literal["Pass", "Fail", "NoData"]
+Verdict = Literal["Pass", "Fail", "NoData", "Error"]
+
+#: the server's own failures: 5xx, and 413/429 from its admission control (too large, queue full)
+SERVER_ERROR_CODES = 'code=~"5..|413|429"'
+#: the clients' errors as the server answered them (400, 404 for an unknown model name, 422, ...)
+CLIENT_ERROR_CODES = 'code=~"4..",code!~"413|429"'
 
 
 @dataclass(frozen=True)
@@ -72,8 +81,8 @@ class Query:
 @dataclass(frozen=True)
 class Sample:
     query: Query
-    value: float | None  # None: the query returned nothing (or NaN)
-    error: str | None = None  # Prometheus unreachable or refused the query
+    value: float | None  # None: the query answered with no samples (or NaN): no data
+    error: str | None = None  # the query failed (timeout, refused, non-2xx, unparseable, wrong shape)
 
 
 @dataclass(frozen=True)
@@ -157,6 +166,22 @@ def build_shadow_queries(
     ]
 
 
+def _increase(sel: str, win: str) -> str:
+    return f"sum(increase(modelserver_requests_total{sel}[{win}]))"
+
+
+def client_error_increase_query(namespace: str, name: str, revision: str, stable: str, win: str) -> str:
+    """The canary's 4xx share minus the stable's over ``win`` (the stable's share is 0 when it answered
+    nothing in the window, so the canary is then held to ``maxClientErrorRateIncrease`` outright)."""
+
+    def share(rev: str) -> str:
+        total = _increase(_selector(namespace, name, rev), win)
+        client = _increase(_selector(namespace, name, rev, CLIENT_ERROR_CODES), win)
+        return f"(({client} or vector(0)) / ({total} > 0))"
+
+    return f"({share(revision)} or vector(0)) - ({share(stable)} or vector(0))"
+
+
 def build_queries(
     spec: AnalysisSpec,
     *,
@@ -168,25 +193,33 @@ def build_queries(
     agreement_with: str | None = None,
 ) -> list[Query]:
     """The queries that judge ``revision`` over the last ``interval`` (pure). With ``minAgreement`` and
-    ``agreement_with`` (the revision the stable servers copy to), the agreement of those copies too."""
+    ``agreement_with`` (the revision the stable servers copy to), the agreement of those copies too.
+    The 4xx and latency comparisons need a ``stable`` in the same window; without one (the last step at
+    100 %, bakeTime) they are not asked."""
     win = window(interval)
-    sel = _selector(namespace, name, revision)
-    bad = _selector(namespace, name, revision, 'code=~"5.."')
-    total = f"sum(increase(modelserver_requests_total{sel}[{win}]))"
+    total = _increase(_selector(namespace, name, revision), win)
+    bad = _increase(_selector(namespace, name, revision, SERVER_ERROR_CODES), win)
     out = [
         Query(REQUESTS, total, float(spec.min_requests), "min", revision),
-        Query(
-            ERROR_RATE,
-            f"(sum(increase(modelserver_requests_total{bad}[{win}])) or vector(0)) / {total}",
-            spec.max_error_rate,
-            "max",
-            revision,
-        ),
+        Query(ERROR_RATE, f"({bad} or vector(0)) / {total}", spec.max_error_rate, "max", revision),
         Query(
             P99, p99_query(namespace, name, revision, win), float(spec.max_p99_latency_ms), "max", revision
         ),
     ]
-    if spec.max_latency_ratio_to_stable is not None and stable and stable != revision:
+    compare = stable is not None and stable != revision
+    if compare and spec.max_client_error_rate_increase < 1:
+        assert stable is not None
+        out.append(
+            Query(
+                CLIENT_ERRORS,
+                client_error_increase_query(namespace, name, revision, stable, win),
+                spec.max_client_error_rate_increase,
+                "max",
+                revision,
+            )
+        )
+    if spec.max_latency_ratio_to_stable is not None and compare:
+        assert stable is not None
         out.append(
             Query(
                 RATIO,
@@ -233,13 +266,15 @@ def _measure(s: Sample, now: datetime) -> Measurement:
         verdict=verdict,
         revision=q.revision,
         time=now,
+        error=None if s.error is None else s.error[:512],
     )
 
 
 def judge(samples: Sequence[Sample], now: datetime) -> Judgement:
     """One window's verdict (pure).
 
-    * any error (Prometheus unreachable, query refused) -> NoData: never a pass;
+    * any query that failed (timeout, refused, non-2xx, unparseable, more than one series) -> Error:
+      never a pass, and not *no data* either (``onNoData`` does not apply to it);
     * too few requests (``minRequests``) -> NoData, whatever the other values say; too few compared
       shadow requests (``minSamples``) -> NoData unless the shadow's error rate or p99 fails;
     * any check over (max) or under (min) its threshold -> Fail;
@@ -250,7 +285,7 @@ def judge(samples: Sequence[Sample], now: datetime) -> Judgement:
     by_metric = {m.metric: m for m in ms}
     errors = [m for m in ms if m.verdict == "Error"]
     if errors:
-        return Judgement("NoData", ms, errors[0])
+        return Judgement("Error", ms, errors[0])
     failed = [m for m in ms if m.verdict == "Fail"]
     req = by_metric.get(REQUESTS) or by_metric.get(SAMPLES)
     if req is not None and req.verdict != "Pass":
@@ -272,7 +307,7 @@ def judge(samples: Sequence[Sample], now: datetime) -> Judgement:
 class Outcome:
     """What a judged window means for the rollout."""
 
-    action: Literal["pass", "fail", "hold"]
+    action: Literal["pass", "fail", "hold", "pause"]
     state: AnalysisStatus
     reason: str
     failing: Measurement | None
@@ -284,10 +319,15 @@ def advance(spec: AnalysisSpec, state: AnalysisStatus | None, j: Judgement, now:
 
     ``pass``: go on (next step, promotion, end of bake); ``fail``: ``failureLimit`` consecutive failed
     windows (or no data past ``noDataTimeout`` with ``onNoData: hold``, or no data with ``onNoData: fail``)
-    -- roll back; ``hold``: judge again after another interval.
+    -- roll back; ``hold``: judge again after another interval; ``pause``: ``errorLimit`` consecutive
+    windows whose queries failed -- nothing is judged until a human resumes (Argo Rollouts'
+    ``consecutiveErrorLimit``). An error never passes, never fails, and leaves ``onNoData`` alone.
     """
     old = state or AnalysisStatus()
     kept = [*old.measurements, *j.measurements][-MEASUREMENTS_KEPT:]
+    if j.verdict == "Error":
+        return _errored(spec, old, j, now, kept)
+    old = old.model_copy(update={"consecutive_errors": 0})
     failures = old.consecutive_failures
     no_data_since = old.no_data_since
     verdict = j.verdict
@@ -336,9 +376,28 @@ def advance(spec: AnalysisSpec, state: AnalysisStatus | None, j: Judgement, now:
     )
 
 
+def _errored(
+    spec: AnalysisSpec, old: AnalysisStatus, j: Judgement, now: datetime, kept: list[Measurement]
+) -> Outcome:
+    """A window whose queries failed: held; the ``errorLimit``-th in a row pauses the rollout."""
+    errors = old.consecutive_errors + 1
+    what = _describe(j.failing) if j.failing else "a query failed"
+    reason = f"{what} ({errors}/{spec.error_limit} consecutive query errors)"
+    paused = errors >= spec.error_limit
+    new = old.model_copy(
+        update={
+            "consecutive_errors": errors,
+            "last_run": now,
+            "measurements": kept,
+            "paused_reason": f"analysis paused: {reason}" if paused else None,
+        }
+    )
+    return Outcome("pause" if paused else "hold", new, reason, j.failing, "Error")
+
+
 def _describe(m: Measurement) -> str:
     if m.verdict == "Error":
-        return f"{m.metric}: Prometheus unavailable"
+        return f"{m.metric}: query failed: {m.error or 'unknown error'} [query: {m.query}]"
     if m.value is None:
         return f"{m.metric}: no data"
     if m.metric == REQUESTS:
@@ -349,40 +408,3 @@ def _describe(m: Measurement) -> str:
     if m.verdict != "Fail":
         op = "vs"
     return f"{m.metric}: {m.value:g} {op} {m.threshold:g}"
-
-
-# ---------------------------------------------------------------------------------------------- I/O
-
-
-class PrometheusAnalyzer:
-    """Runs analysis queries against one Prometheus (``prometheus-api-client``)."""
-
-    def __init__(self, url: str, timeout: float = 5.0):
-        from prometheus_api_client import PrometheusConnect
-
-        self.url = url
-        self.timeout = timeout
-        self._client = PrometheusConnect(url=url, disable_ssl=True, timeout=int(max(1, timeout)))
-
-    def measure(self, queries: Sequence[Query]) -> list[Sample]:
-        out: list[Sample] = []
-        for q in queries:
-            try:
-                result = self._client.custom_query(q.promql)
-            except Exception as e:  # unreachable, refused, malformed: no data, never success
-                log.warning("prometheus %s: %s: %s", self.url, q.metric, e)
-                out.append(Sample(q, None, error=f"{type(e).__name__}: {e}"[:300]))
-                continue
-            out.append(Sample(q, scalar(result)))
-        return out
-
-
-def scalar(result: object) -> float | None:
-    """The value of an instant vector with (at most) one series; None when empty or NaN/Inf."""
-    if not isinstance(result, list) or not result:
-        return None
-    try:
-        value = float(result[0]["value"][1])
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None

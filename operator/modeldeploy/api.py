@@ -493,7 +493,30 @@ class MetricCheck(_Model):
 class AnalysisSpec(_Model):
     """How each canary step is judged from Prometheus."""
 
-    max_error_rate: float = Field(default=0.01, ge=0, le=1, description="Maximum share of 5xx responses.")
+    max_error_rate: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Maximum share of the server's own failures: 5xx, and 413/429 from admission control.",
+    )
+    max_client_error_rate_increase: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Maximum increase of the canary's 4xx share (413/429 excepted) over the stable's in the "
+        "same window (a renamed model answers 404 to every client). 1 turns the check off (for APIs "
+        "where 4xx is normal and moves with traffic).",
+    )
+    error_limit: int = Field(
+        default=4,
+        ge=1,
+        le=100,
+        description="Consecutive windows whose queries failed (timeout, refused, non-2xx, unparseable, more "
+        "than one series) before the rollout is paused for a human. An error never passes a window.",
+    )
+    query_timeout: Duration = Field(
+        default="10s", description="Total deadline of one Prometheus query (connect, send, whole answer)."
+    )
     max_p99_latency_ms: int = Field(default=1000, ge=1, le=600_000, description="Maximum p99 latency.")
     max_latency_ratio_to_stable: float | None = Field(
         default=None, ge=1, le=100, description="Maximum canary p99 / stable p99."
@@ -827,6 +850,9 @@ class Measurement(_StatusModel):
     verdict: Literal["Pass", "Fail", "NoData", "Error"]
     revision: str | None = Field(default=None, max_length=63)
     time: datetime
+    error: str | None = Field(
+        default=None, max_length=512, description="Why the query failed (verdict Error): kind and message."
+    )
 
 
 class ShadowStatus(_StatusModel):
@@ -863,6 +889,14 @@ class AnalysisStatus(_StatusModel):
     """Rollout analysis state (kept in status so a restarted operator resumes it)."""
 
     consecutive_failures: int = Field(default=0, ge=0)
+    consecutive_errors: int = Field(
+        default=0, ge=0, description="Consecutive windows whose queries failed (errorLimit pauses)."
+    )
+    paused_reason: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Set when errorLimit was reached: nothing is judged until `kubectl modeldeploy resume`.",
+    )
     no_data_since: datetime | None = None
     last_run: datetime | None = None
     measurements: list[Measurement] = Field(default_factory=list, max_length=32)
@@ -912,6 +946,13 @@ class ModelDeploymentStatus(_StatusModel):
     phase: Phase | None = None
     revision: str | None = Field(default=None, max_length=63, description="The revision of the current spec.")
     stable_revision: str | None = Field(default=None, max_length=63)
+    stable_spec: str | None = Field(
+        default=None,
+        max_length=65536,
+        description="The stable revision's pod-shaping spec (JSON, as on its Deployment's "
+        "modeldeploy.io/revision-spec annotation): the stable is rebuilt from it when its Deployment is "
+        "missing or unreadable, never inferred from whatever Deployment exists.",
+    )
     canary_revision: str | None = Field(default=None, max_length=63)
     previous_revision: str | None = Field(default=None, max_length=63)
     previous_expires_at: datetime | None = None

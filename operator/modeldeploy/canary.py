@@ -145,7 +145,9 @@ class AnalysisRequest:
         )
 
 
-Measure = Callable[[AnalysisRequest], Judgement]
+#: the analysis of one window: its judgement, or None while the measurement runs (off the reconcile path,
+#: see :mod:`modeldeploy.measurements`; the reconcile is run again when it finishes)
+Measure = Callable[[AnalysisRequest], Judgement | None]
 
 
 class Probe(Protocol):
@@ -187,7 +189,7 @@ class Mirror:
 
 @dataclass(frozen=True)
 class Command:
-    action: Literal["promote", "abort", "rollback"]
+    action: Literal["promote", "abort", "rollback", "resume"]
     revision: str | None = None
     step: int | None = None
     full: bool = False
@@ -265,7 +267,7 @@ def parse_command(md: ModelDeployment) -> Command | None:
     try:
         data = json.loads(raw)
         action = data["action"]
-        if action not in ("promote", "abort", "rollback"):
+        if action not in ("promote", "abort", "rollback", "resume"):
             return None
         step = data.get("step")
         return Command(
@@ -464,9 +466,9 @@ class Rollout:
         window: str | None = None,
         agreement_with: str | None = None,
         min_samples: float | None = None,
-    ) -> Outcome:
+    ) -> Outcome | None:
         """Judge the last window (``interval`` unless given) of ``revision`` (against ``stable``), with an
-        event for the verdict."""
+        event for the verdict; None while the measurement runs (looked at again when it finishes)."""
         assert self.measure is not None
         req = AnalysisRequest(
             self.md.namespace,
@@ -478,9 +480,19 @@ class Rollout:
             agreement_with=agreement_with if self.rollout.analysis.min_agreement is not None else None,
             min_samples=min_samples,
         )
-        out = advance(self.rollout.analysis, analysis, self.measure(req), self.now)
-        # a failed window is AnalysisFailed even below failureLimit; a held window (no data) AnalysisHold
-        verdict = {"Pass": "AnalysisPassed", "Fail": "AnalysisFailed", "NoData": "AnalysisHold"}[out.verdict]
+        judgement = self.measure(req)
+        if judgement is None:
+            self.at(self.now + MEASUREMENT_RECHECK)
+            return None
+        out = advance(self.rollout.analysis, analysis, judgement, self.now)
+        # a failed window is AnalysisFailed even below failureLimit; a held window (no data) AnalysisHold;
+        # a window whose queries failed AnalysisError
+        verdict = {
+            "Pass": "AnalysisPassed",
+            "Fail": "AnalysisFailed",
+            "NoData": "AnalysisHold",
+            "Error": "AnalysisError",
+        }[out.verdict]
         self.events.append(
             Event(
                 "Normal" if out.verdict == "Pass" else "Warning",
@@ -493,6 +505,15 @@ class Rollout:
                 ),
             )
         )
+        if out.action == "pause":
+            self.events.append(
+                Event(
+                    "Warning",
+                    "AnalysisPaused",
+                    f"revision {revision} ({what}): {out.state.paused_reason}; nothing is judged until "
+                    "`kubectl modeldeploy resume`",
+                )
+            )
         return out
 
     def warm_previous(self, *besides: str) -> list[Target]:
@@ -580,21 +601,27 @@ class CanaryStep:
 
 # ---------------------------------------------------------------------------------------------- decide
 
-State = Literal["deployed", "stable", "canary"]
+State = Literal["deployed", "stable", "canary", "lost"]
 
 
 def state_of(ctx: Rollout) -> State:
     """Which state the rollout is in.
 
-    ``deployed``: the first revision, or the stable revision is gone -- straight to 100 %;
+    ``deployed``: the first revision, or the stable revision is gone beyond repair (its Deployment is
+    missing or unreadable and status recorded no spec to rebuild it from; see :func:`plan.plan`) --
+    straight to 100 %, unless the current revision failed: ``lost``, nothing of it goes into traffic
+    without a new spec or ``kubectl modeldeploy promote --full``;
     ``stable``: at rest on the stable revision (the spec is the stable one, or the current revision
     failed), baking it after a promotion, or failing back from it; ``canary``: a canary of the current
     revision.
     """
     stable = ctx.md.status.stable_revision
-    if stable is None or (stable != ctx.current and ctx.live.get(stable) is None):
+    failed = has_failed(ctx.history, ctx.current)
+    if stable is not None and stable != ctx.current and ctx.live.get(stable) is None:
+        return "lost" if failed else "deployed"
+    if stable is None:
         return "deployed"
-    if ctx.current == stable or has_failed(ctx.history, ctx.current):
+    if ctx.current == stable or failed:
         return "stable"
     return "canary"
 
@@ -613,6 +640,27 @@ def decide(
     the CPU fallback is in traffic, nothing is judged."""
     ctx = Rollout.observe(md, current, live_specs, counts, now, measure, probe, hold)
     return ctx.finish(_make_before_break(ctx, STATES[state_of(ctx)](ctx)))
+
+
+#: a pending measurement is looked at again this soon at the latest (its end also enqueues the reconcile)
+MEASUREMENT_RECHECK = timedelta(seconds=15)
+
+
+def analysis_paused(analysis: AnalysisStatus | None) -> bool:
+    """``errorLimit`` consecutive windows whose queries failed: nothing is judged until resumed."""
+    return analysis is not None and analysis.paused_reason is not None
+
+
+def _resumed(ctx: Rollout, analysis: AnalysisStatus | None, *revisions: str) -> AnalysisStatus | None:
+    """``kubectl modeldeploy resume`` issued against one of ``revisions``: an analysis paused by query
+    errors is judged again (its error count starts over)."""
+    cmd = ctx.command_for(None, *revisions)
+    if cmd is None or cmd.action != "resume" or analysis is None or not analysis_paused(analysis):
+        return analysis
+    ctx.events.append(
+        Event("Normal", "AnalysisResumed", f"analysis resumed by hand (was: {analysis.paused_reason})")
+    )
+    return analysis.model_copy(update={"paused_reason": None, "consecutive_errors": 0})
 
 
 #: how soon a handover (see :func:`_make_before_break`) is looked at again, watch events aside
@@ -646,19 +694,55 @@ def _make_before_break(ctx: Rollout, d: Decision) -> Decision:
 
 
 def _deployed(ctx: Rollout) -> Decision:
-    """The first revision, or the stable revision is gone: straight to 100 %, nothing to bake."""
+    """The first revision, or the stable revision is gone beyond repair: straight to 100 %, nothing to
+    bake (recorded as Deployed: no canary judged it)."""
     gone = ctx.md.status.stable_revision
     current, n = ctx.current, ctx.replicas
     if gone is None:
         ctx.record(current, "Deployed", "first revision: straight to 100%")
     else:
-        ctx.record(current, "Deployed", f"stable revision {gone} is gone", outcome="Promoted")
+        ctx.record(
+            current,
+            "Deployed",
+            f"stable revision {gone} is gone and status recorded no spec to rebuild it from: "
+            "straight to 100% without a canary",
+        )
     ready = ctx.in_traffic(current)
     return Decision(
         targets=[Target(current, ctx.spec, n, "stable", n)],
         stable=current,
         progressing_reason=None if ready >= n else "ScalingUp",
         progressing_message=f"revision {current}: {ready}/{n} pods ready",
+        command_seen=ctx.command is not None,
+    )
+
+
+def _lost(ctx: Rollout) -> Decision:
+    """The stable revision's Deployment is gone beyond repair and the current revision failed: the failed
+    revision stays out of traffic (never promoted because it is all there is); Degraded says what to do.
+    ``kubectl modeldeploy promote --full`` against it is the explicit command that puts it in."""
+    gone, current, n = ctx.stable, ctx.current, ctx.replicas
+    cmd = ctx.command_for(current)
+    if cmd is not None and cmd.action == "promote" and cmd.full:
+        ctx.record(current, "Promoted", f"promoted by hand (promote --full) with stable {gone} gone")
+        return Decision(
+            targets=[Target(current, ctx.spec, n, "stable", n)],
+            stable=current,
+            progressing_reason="ScalingUp" if ctx.in_traffic(current) < n else None,
+            progressing_message=f"revision {current}: {ctx.in_traffic(current)}/{n} pods ready",
+            command_seen=True,
+        )
+    failed = latest_entry(ctx.history, current)
+    assert failed is not None
+    return Decision(
+        targets=ctx.failed(),
+        stable=gone,
+        degraded_reason="StableMissing",
+        degraded_message=(
+            f"the stable revision {gone} has no Deployment and no recorded spec to rebuild it from; revision "
+            f"{current} {failed.outcome} and stays out of traffic: change the spec, or "
+            "`kubectl modeldeploy promote --full` to put it in traffic anyway"
+        ),
         command_seen=ctx.command is not None,
     )
 
@@ -722,15 +806,17 @@ def _baking(ctx: Rollout, analysis: AnalysisStatus | None) -> tuple[AnalysisStat
     promoted = latest_entry(ctx.history, stable)
     assert promoted is not None
     due = _due(ctx.rollout, promoted.time, analysis)
-    if ctx.hold:
+    analysis = _resumed(ctx, analysis, stable)
+    if ctx.hold or analysis_paused(analysis):
         ctx.at(end)
         return analysis, None
     if ctx.now >= due and ctx.measure is not None:
         out = ctx.judge(stable, None, analysis, "bake", "bake", agreement_with=ctx.previous)
-        analysis = out.state
-        if out.action == "fail":
-            return analysis, FailBack(f"failed during bakeTime: {out.reason}", out.failing)
-        ctx.at(_due(ctx.rollout, promoted.time, analysis))
+        if out is not None:
+            analysis = out.state
+            if out.action == "fail":
+                return analysis, FailBack(f"failed during bakeTime: {out.reason}", out.failing)
+            ctx.at(_due(ctx.rollout, promoted.time, analysis))
     else:
         ctx.at(due)
     ctx.at(end)
@@ -839,6 +925,8 @@ def _command(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision |
         return cs, None
     if cmd.action in ("abort", "rollback"):
         return cs, RollBack("Aborted", "aborted (kubectl modeldeploy abort)")
+    if cmd.action == "resume":
+        return replace(cs, analysis=_resumed(ctx, cs.analysis, ctx.current)), None
     if cmd.action == "promote" and cmd.full:
         return cs, Promote("promoted by hand (kubectl modeldeploy promote --full)")
     if cmd.action == "promote" and cmd.shadow:
@@ -903,7 +991,8 @@ def _shadowing(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision
         )
         sh = sh.model_copy(update={"agreement": agreement, "samples": samples})
         cs = replace(cs, shadow=sh)
-    if ctx.frozen:
+    if ctx.frozen or analysis_paused(cs.analysis):
+        ctx.at(min(end, now + SHADOW_REFRESH))
         return cs, None
     if now < end:
         ctx.at(min(end, now + SHADOW_REFRESH))
@@ -919,6 +1008,8 @@ def _shadowing(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision
         out = ctx.judge(
             current, stable, cs.analysis, "shadow", "shadow", min_samples=spec.min_samples * scale
         )
+        if out is None:
+            return cs, None
         cs = replace(cs, analysis=out.state)
         if out.action == "fail":
             return cs, RollBack("RolledBack", f"shadow stage failed: {out.reason}", out.failing)
@@ -930,10 +1021,12 @@ def _shadowing(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision
         ctx.at(due)
         return cs, None
     out = ctx.judge(current, stable, cs.analysis, "shadow", "end of the shadow stage", window=spec.duration)
+    if out is None:
+        return cs, None
     cs = replace(cs, analysis=out.state)
     if out.action == "fail":
         return cs, RollBack("RolledBack", f"shadow stage failed: {out.reason}", out.failing)
-    if out.action == "hold":
+    if out.action in ("hold", "pause"):
         ctx.at(now + _seconds(ro.interval))
         return cs, None
     ctx.events.append(
@@ -1022,7 +1115,7 @@ def _judging(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision |
     """A step whose interval is over is judged: pass -> next step (or promotion after the last),
     fail -> rollback, hold -> judged again one interval later. Not while paused."""
     ro, started = ctx.rollout, cs.started
-    if started is None or ctx.frozen or cs.shadow is not None:
+    if started is None or ctx.frozen or cs.shadow is not None or analysis_paused(cs.analysis):
         return cs, None
     due = _due(ro, started, cs.analysis)
     if ctx.now < due or ctx.measure is None:
@@ -1038,6 +1131,8 @@ def _judging(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision |
         f"step {step}, {weight}%",
         agreement_with=stable and ctx.current,
     )
+    if out is None:
+        return cs, None
     cs = replace(cs, analysis=out.state)
     if out.action == "fail":
         reason = f"analysis failed at step {step} ({weight}%): {out.reason}"
@@ -1083,6 +1178,10 @@ def _progressing(ctx: Rollout, cs: CanaryStep) -> Decision:
     pending = "" if cs.started is not None else " (waiting for its pods)"
     paused = " (paused)" if ro.paused else ""
     message = f"revision {current}: step {cs.step + 1}/{len(steps)} at {weight}%{pending}{paused}"
+    reason = "CanaryPaused" if ro.paused else "CanaryProgressing"
+    if analysis_paused(cs.analysis):
+        assert cs.analysis is not None
+        reason, message = "AnalysisPaused", f"{message}: {cs.analysis.paused_reason}"
     return Decision(
         targets=targets,
         stable=stable,
@@ -1094,7 +1193,7 @@ def _progressing(ctx: Rollout, cs: CanaryStep) -> Decision:
         step_started_at=cs.started,
         step_waiting_since=cs.waiting,
         analysis=cs.analysis,
-        progressing_reason="CanaryPaused" if ro.paused else "CanaryProgressing",
+        progressing_reason=reason,
         progressing_message=message,
         command_seen=ctx.command is not None,
         mirror=agreement_mirror(ro, stable, current) if weight < 100 else None,
@@ -1131,6 +1230,10 @@ def _shadow_progressing(ctx: Rollout, cs: CanaryStep, sh: ShadowStatus) -> Decis
             )
         what = f"{so_far}; ends {(sh.started_at + _seconds(spec.duration)).strftime('%H:%M:%SZ')}"
     paused = " (paused)" if ro.paused else ""
+    reason = "CanaryPaused" if ro.paused else "Shadowing"
+    if analysis_paused(cs.analysis):
+        assert cs.analysis is not None
+        reason, paused = "AnalysisPaused", f": {cs.analysis.paused_reason}"
     return Decision(
         targets=targets,
         stable=stable,
@@ -1140,7 +1243,7 @@ def _shadow_progressing(ctx: Rollout, cs: CanaryStep, sh: ShadowStatus) -> Decis
         weight=0,
         step=0,
         analysis=cs.analysis,
-        progressing_reason="CanaryPaused" if ro.paused else "Shadowing",
+        progressing_reason=reason,
         progressing_message=(
             f"revision {current}: shadowing {stable} ({spec.sample_rate:g} of requests): {what}{paused}"
         ),
@@ -1213,6 +1316,7 @@ STATES: dict[State, Callable[[Rollout], Decision]] = {
     "deployed": _deployed,
     "stable": _stable,
     "canary": _canary,
+    "lost": _lost,
 }
 
 

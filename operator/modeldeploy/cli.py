@@ -190,6 +190,10 @@ def command_for(action: str, md: dict[str, Any], full: bool = False) -> dict[str
     st = md.get("status") or {}
     canary, stable = st.get("canaryRevision"), st.get("stableRevision")
     if action == "promote":
+        current = st.get("revision")
+        if not canary and full and current and current != stable:
+            # the stable revision is gone and the current one failed (StableMissing): put it in anyway
+            return {"action": "promote", "revision": current, "full": True}
         if not canary:
             raise ValueError("no canary in progress")
         if st.get("shadow") and not full:  # the shadow stage: skip it (the steps begin)
@@ -205,6 +209,8 @@ def command_for(action: str, md: dict[str, Any], full: bool = False) -> dict[str
         if not st.get("previousRevision"):
             raise ValueError("no warm previous revision to roll back to")
         return {"action": "rollback", "revision": stable}
+    if action == "resume":  # an analysis paused by errorLimit is judged again
+        return {"action": "resume", "revision": canary or stable}
     raise ValueError(f"unknown action {action}")
 
 
@@ -231,8 +237,19 @@ def _command(kube: Kube, args: argparse.Namespace) -> int:
 
 
 def _pause(kube: Kube, args: argparse.Namespace) -> int:
+    """pause/resume patch ``spec.rollout.paused``; resume also clears an analysis paused by errorLimit
+    (a command, handled once)."""
     paused = args.command == "pause"
-    kube.merge_patch(MODELDEPLOYMENT, args.namespace, args.name, {"spec": {"rollout": {"paused": paused}}})
+    patch: dict[str, Any] = {"spec": {"rollout": {"paused": paused}}}
+    if not paused:
+        md = kube.get(MODELDEPLOYMENT, args.namespace, args.name)
+        if md is None:
+            print(f"modeldeployment {args.namespace}/{args.name} not found", file=sys.stderr)
+            return 1
+        cmd = command_for("resume", md)
+        cmd["issuedAt"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        patch["metadata"] = {"annotations": {COMMAND_ANNOTATION: json.dumps(cmd, sort_keys=True)}}
+    kube.merge_patch(MODELDEPLOYMENT, args.namespace, args.name, patch)
     print(f"modeldeployment {args.namespace}/{args.name}: {'paused' if paused else 'resumed'}")
     return 0
 

@@ -112,6 +112,7 @@ class Controller:
         self._queue: asyncio.Queue[tuple[Key, bool]] | None = None
         self._queued: set[Key] = set()
         self._running: set[Key] = set()
+        self._started: dict[Key, float] = {}  # when each running reconcile began (time.monotonic)
         self._dirty: set[Key] = set()
         self._failures: dict[Key, int] = {}
         self._timers: dict[Key, asyncio.TimerHandle] = {}
@@ -183,6 +184,13 @@ class Controller:
     def idle(self) -> bool:
         return not self._queued and not self._running
 
+    def longest_running(self) -> tuple[Key, float] | None:
+        """The reconcile that has been running longest, and for how many seconds (None: none runs)."""
+        if not self._started:
+            return None
+        key, since = min(self._started.items(), key=lambda kv: kv[1])
+        return key, time.monotonic() - since
+
     # -------------------------------------------------------------------------------- workers
     async def _worker(self, index: int) -> None:
         assert self._queue is not None
@@ -201,6 +209,7 @@ class Controller:
                             "not the active operator replica; skipping the timed reconcile of %s/%s", *key
                         )
                         continue
+                self._started[key] = time.monotonic()
                 result = await asyncio.to_thread(self._reconcile, *key)
             except asyncio.CancelledError:
                 raise
@@ -219,6 +228,7 @@ class Controller:
                     self.enqueue_after(key, requeue)
             finally:
                 self._running.discard(key)
+                self._started.pop(key, None)
                 if key in self._dirty:
                     self._dirty.discard(key)
                     self.enqueue(key)

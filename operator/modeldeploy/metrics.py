@@ -44,6 +44,21 @@ ANALYSIS_VALUE = Gauge(
     "Last value measured by a canary analysis check.",
     ["namespace", "name", "metric"],
 )
+ANALYSIS_QUERIES = Counter(
+    "modeldeploy_analysis_queries_total",
+    "Analysis queries by result: ok, nodata, or the error kind (timeout, refused, http, unparseable, "
+    "shape, too-large, tls).",
+    ["result"],
+)
+ANALYSIS_MEASUREMENT_SECONDS = Histogram(
+    "modeldeploy_analysis_measurement_seconds",
+    "Time one measurement (all queries of a window, concurrently) took, off the reconcile path.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+WORKER_BUSY_SECONDS = Gauge(
+    "modeldeploy_worker_longest_reconcile_seconds",
+    "How long the longest-running reconcile now in progress has been running (0 when idle).",
+)
 ROLLOUTS = Counter(
     "modeldeploy_rollouts_total",
     "Rollout decisions: deployed, promoted, rolled_back, failed_back, aborted, superseded.",
@@ -61,6 +76,16 @@ FALLBACK_ACTIVE = Gauge(
     ["namespace", "name"],
 )
 LEADER = Gauge("modeldeploy_peering_active", "1 when this replica is the active one (peering), else 0.")
+RESYNCS = Counter(
+    "modeldeploy_resyncs_total",
+    "Periodic LISTs of a kind of child that check the watch-fed cache, by result (ok, error).",
+    ["kind", "result"],
+)
+RESYNC_REPAIRED = Counter(
+    "modeldeploy_resync_repaired_total",
+    "ModelDeployments whose children a resync found the watches had missed (deleted or created unseen).",
+    ["kind"],
+)
 
 
 def serve(port: int, addr: str) -> None:

@@ -35,6 +35,7 @@ from .childcache import ChildCache, index_key, trimmed
 from .controller import Controller, PeeringGate
 from .events import PostInBackground
 from .kube import (
+    BY_KIND,
     CLUSTER_PEERING,
     DEPLOYMENT,
     HTTPROUTE,
@@ -46,7 +47,10 @@ from .kube import (
     KubeError,
     ResourceType,
 )
+from .measurements import MeasurementRunner
+from .promclient import PromConfig
 from .reconciler import Reconciler
+from .resync import DEFAULT_PERIOD, Resyncer
 
 log = logging.getLogger("modeldeploy")
 
@@ -108,7 +112,11 @@ def index_id(plural: str) -> str:
 
 
 def build_registry(
-    controller: Controller, *, watch_httproutes: bool = True, cache: ChildCache | None = None
+    controller: Controller,
+    *,
+    watch_httproutes: bool = True,
+    cache: ChildCache | None = None,
+    stuck_after: float = 300.0,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -162,7 +170,16 @@ def build_registry(
 
     @kopf.on.probe(id="queue", registry=registry)
     def queue_probe(**_: Any) -> dict[str, Any]:
-        return {"managed": len(controller.known), "idle": controller.idle}
+        longest = controller.longest_running()
+        busy = longest[1] if longest else 0.0
+        metrics.WORKER_BUSY_SECONDS.set(busy)
+        if longest is not None and busy > stuck_after:
+            # liveness fails: kopf answers /healthz with 500 and the kubelet restarts the operator
+            raise kopf.PermanentError(
+                f"the reconcile of {longest[0][0]}/{longest[0][1]} has run for {busy:.0f}s "
+                f"(over --stuck-after {stuck_after:g}s)"
+            )
+        return {"managed": len(controller.known), "idle": controller.idle, "longestReconcileSeconds": busy}
 
     return registry
 
@@ -209,6 +226,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="watch the HTTPRoutes of gatewayAPI mode so that an edited or deleted one is repaired at once "
         "(needs list/watch on httproutes; env MODELDEPLOY_WATCH_HTTPROUTES=0 turns it off)",
     )
+    p.add_argument(
+        "--resync-period",
+        type=float,
+        default=float(env("MODELDEPLOY_RESYNC_PERIOD", str(DEFAULT_PERIOD))),
+        help="seconds between two LISTs of the children that repair what the watches missed (a child "
+        "deleted during a watch outage); 0 turns them off (env MODELDEPLOY_RESYNC_PERIOD)",
+    )
+    p.add_argument(
+        "--stuck-after",
+        type=float,
+        default=float(env("MODELDEPLOY_STUCK_AFTER", "300")),
+        help="liveness fails when one reconcile has run this many seconds (it waits on nothing but the "
+        "apiserver, each call bounded by 35 s; env MODELDEPLOY_STUCK_AFTER)",
+    )
+    p.add_argument(
+        "--prometheus-ca-file",
+        default=env("MODELDEPLOY_PROMETHEUS_CA_FILE") or None,
+        help="PEM bundle to verify https Prometheus URLs against (default: the system's)",
+    )
+    p.add_argument(
+        "--prometheus-insecure-skip-verify",
+        action="store_true",
+        default=env("MODELDEPLOY_PROMETHEUS_INSECURE_SKIP_VERIFY", "") in ("1", "true"),
+        help="do not verify the TLS certificate of the operator's --prometheus-url (only when asked)",
+    )
+    p.add_argument(
+        "--prometheus-bearer-token-file",
+        default=env("MODELDEPLOY_PROMETHEUS_BEARER_TOKEN_FILE") or None,
+        help="a file (a mounted Secret) whose content is sent as a bearer token to --prometheus-url only, "
+        "never to a ModelDeployment's own prometheusURL",
+    )
     p.add_argument("-v", "--verbose", action="store_true", default=env("MODELDEPLOY_DEBUG", "") == "1")
     return p.parse_args(argv)
 
@@ -241,6 +289,28 @@ def ensure_peering(kube: Kube, name: str, namespaces: list[str]) -> None:
                     raise
 
 
+def prometheus_config(args: argparse.Namespace) -> Any:
+    """How to reach a Prometheus URL: the operator's own gets its TLS settings and bearer token; a URL a
+    ModelDeployment names gets the CA bundle only (its author must not receive the operator's token)."""
+
+    def config_for(url: str, timeout: float) -> PromConfig:
+        if url != args.prometheus_url:
+            return PromConfig(url, timeout=timeout, ca_file=args.prometheus_ca_file)
+        token = None
+        if args.prometheus_bearer_token_file:
+            with open(args.prometheus_bearer_token_file) as f:
+                token = f.read().strip() or None
+        return PromConfig(
+            url,
+            timeout=timeout,
+            ca_file=args.prometheus_ca_file,
+            insecure_skip_verify=args.prometheus_insecure_skip_verify,
+            bearer_token=token,
+        )
+
+    return config_for
+
+
 async def run(args: argparse.Namespace) -> None:
     ident = identity()
     # reconciles run in the loop's default executor (asyncio.to_thread), whose own size is min(32, CPUs + 4):
@@ -253,8 +323,25 @@ async def run(args: argparse.Namespace) -> None:
         await asyncio.to_thread(ensure_peering, kube, args.peering_name, args.namespace)
     cache = ChildCache()
     events = PostInBackground(kube)
+    loop = asyncio.get_running_loop()
+
+    def enqueue_all(keys: set[tuple[str, str]]) -> None:
+        """In the loop: the controller's queue is not thread-safe."""
+        for key in keys:
+            controller.enqueue(key)
+
+    # measurements run in a thread of their own; a finished one asks for a reconcile of its owner
+    runner = MeasurementRunner(
+        prometheus_config(args),
+        on_done=lambda ns, name: loop.call_soon_threadsafe(enqueue_all, {(ns, name)}),
+    )
     reconciler = Reconciler(
-        kube, instance=ident, prometheus_url=args.prometheus_url, cache=cache, events=events
+        kube,
+        instance=ident,
+        prometheus_url=args.prometheus_url,
+        cache=cache,
+        events=events,
+        measurements=runner,
     )
     gate = PeeringGate(
         kube,
@@ -266,7 +353,17 @@ async def run(args: argparse.Namespace) -> None:
         standalone=args.standalone,
     )
     controller = Controller(reconciler.reconcile, workers=args.workers, gate=gate)
-    registry = build_registry(controller, watch_httproutes=args.watch_httproutes, cache=cache)
+    registry = build_registry(
+        controller, watch_httproutes=args.watch_httproutes, cache=cache, stuck_after=args.stuck_after
+    )
+    resyncer = Resyncer(
+        kube,
+        cache,
+        [BY_KIND[KIND_OF_PLURAL[plural]] for _, _, plural in child_resources(args.watch_httproutes)],
+        namespaces=args.namespace,
+        period=args.resync_period,
+        on_changed=lambda keys: loop.call_soon_threadsafe(enqueue_all, keys),  # from the resync thread
+    )
     settings = build_settings(args)
     metrics.serve(args.metrics_port, args.bind_host)
     liveness = f"http://{args.bind_host}:{args.health_port}/healthz" if args.health_port else None
@@ -280,6 +377,8 @@ async def run(args: argparse.Namespace) -> None:
         args.metrics_port,
     )
     controller.start()
+    runner.start()
+    resyncer.start()
     try:
         await kopf.operator(
             registry=registry,
@@ -293,6 +392,8 @@ async def run(args: argparse.Namespace) -> None:
             liveness_endpoint=liveness,
         )
     finally:
+        resyncer.stop()
+        runner.stop()
         await controller.stop()
         await asyncio.to_thread(events.close)
 

@@ -110,6 +110,42 @@ def _live_revision_specs(md: ModelDeployment, deployments: Sequence[Mapping[str,
     return out
 
 
+def spec_json(spec: ModelDeploymentSpec) -> str:
+    """A revision's pod-shaping spec as its Deployment's annotation carries it (and ``status.stableSpec``)."""
+    return json.dumps(builders.revision_spec(spec), sort_keys=True, separators=(",", ":"))
+
+
+def recorded_stable(md: ModelDeployment) -> ModelDeploymentSpec | None:
+    """The stable revision's spec as status recorded it, if it reads and is that revision (pure)."""
+    raw, stable = md.status.stable_spec, md.status.stable_revision
+    if not raw or not stable:
+        return None
+    try:
+        spec = builders.revision_spec_from_annotation(raw)
+    except (ValueError, ValidationError, json.JSONDecodeError):
+        return None
+    return spec if builders.spec_revision(spec) == stable else None
+
+
+def rebuild_stable(
+    md: ModelDeployment, live_specs: dict[str, ModelDeploymentSpec | None]
+) -> canary.Event | None:
+    """The stable revision's Deployment is missing (deleted by hand, pruned by GitOps) or its spec
+    annotation no longer reads: its spec comes from status instead, so it is recreated and stays the
+    stable one; never whatever Deployment happens to exist. Changes ``live_specs``; the event says so."""
+    stable = md.status.stable_revision
+    if stable is None or live_specs.get(stable) is not None:
+        return None
+    spec = recorded_stable(md)
+    if spec is None:
+        return None
+    what = "had no Deployment" if stable not in live_specs else "had an unreadable Deployment"
+    live_specs[stable] = spec
+    return canary.Event(
+        "Warning", "StableRecreated", f"the stable revision {stable} {what}: rebuilt from status.stableSpec"
+    )
+
+
 # ---------------------------------------------------------------------------------------------- plan
 
 
@@ -180,10 +216,15 @@ def plan(
     facts = [pod_facts(p) for p in observed.pods]
     counts = count_pods(facts)
     live_specs = _live_revision_specs(md, deployments)
+    rebuilt = rebuild_stable(md, live_specs)
 
     old_fb = md.status.fallback
     hold = old_fb is not None and old_fb.state != "Idle" and md.spec.fallback is not None
     decision = canary.decide(md, current, live_specs, counts, now, measure, probe, hold=hold)
+    if rebuilt is not None:
+        decision.events.append(rebuilt)
+        if decision.degraded_reason is None:
+            decision.degraded_reason, decision.degraded_message = "StableRecreated", rebuilt.message
     fb = fallback.adjust(md, decision, counts, now)
     decision = fb.decision
     targets = decision.targets
@@ -346,11 +387,16 @@ def compute_status(
         )
     conditions = merge_conditions(old.conditions, wanted, md.generation, now)
 
+    stable_target = next((t for t in decision.targets if t.revision == decision.stable), None)
+    stable_spec = old.stable_spec if old.stable_revision == decision.stable else None
+    if stable_target is not None:
+        stable_spec = spec_json(stable_target.spec)
     status = old.model_copy(
         update={
             "observed_generation": md.generation,
             "revision": current,
             "stable_revision": decision.stable,
+            "stable_spec": stable_spec,
             "canary_revision": decision.canary,
             "canary_weight": decision.weight,
             "achieved_canary_weight": achieved,
@@ -375,7 +421,7 @@ def compute_status(
                 is_ready,
                 progressing,
                 degraded_c.status == "True",
-                md.spec.rollout.paused and progressing,
+                (md.spec.rollout.paused or decision.progressing_reason == "AnalysisPaused") and progressing,
                 shadowing=decision.shadow is not None,
             ),
         }

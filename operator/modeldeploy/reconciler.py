@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from . import metrics
-from .analysis import Judgement, PrometheusAnalyzer, Query, Sample, agreement_queries, judge, window
-from .api import API_VERSION, KIND, Condition, ModelDeployment, ModelDeploymentStatus
+from .analysis import Judgement, Query, Sample, agreement_queries, judge, window
+from .api import API_VERSION, KIND, Condition, ModelDeployment, ModelDeploymentStatus, parse_duration
 from .builders import ANNOTATION_SHADOW, FIELD_MANAGER, LABEL_NAME, READINESS_GATE
 from .canary import COMMAND_ANNOTATION, AnalysisRequest
 from .childcache import ChildCache
@@ -55,18 +55,36 @@ class Conflict(Exception):
     """The ModelDeployment changed while we computed its status; try again."""
 
 
-class Analyzer(Protocol):
-    def measure(self, queries: Sequence[Any]) -> list[Sample]: ...
+class Measurements(Protocol):
+    """Where analysis answers come from without waiting (:class:`~modeldeploy.measurements.MeasurementRunner`;
+    an immediate fake in unit tests)."""
+
+    def request(
+        self, key: tuple[str, str], url: str, timeout: float, queries: Sequence[Query]
+    ) -> list[Sample] | None: ...
+
+    def latest(
+        self, key: tuple[str, str], url: str, timeout: float, query: Query, refresh: float
+    ) -> Sample | None: ...
+
+
+#: how old the shadow stage's probe answers may be before a new one is asked for
+PROBE_REFRESH = 2.0
 
 
 class PrometheusProbe:
-    """The shadow stage's questions to Prometheus outside an analysis window (:class:`canary.Probe`)."""
+    """The shadow stage's questions to Prometheus outside an analysis window (:class:`canary.Probe`):
+    the newest finished answers, never a wait."""
 
-    def __init__(self, analyzer: Analyzer) -> None:
-        self.analyzer = analyzer
+    def __init__(self, measurements: Measurements, key: tuple[str, str], url: str, timeout: float) -> None:
+        self.measurements = measurements
+        self.key, self.url, self.timeout = key, url, timeout
 
     def _value(self, metric: str, promql: str, revision: str) -> float | Exception | None:
-        [s] = self.analyzer.measure([Query(metric, promql, None, "max", revision)])
+        q = Query(metric, promql, None, "max", revision)
+        s = self.measurements.latest(self.key, self.url, self.timeout, q, PROBE_REFRESH)
+        if s is None:
+            return RuntimeError("not measured yet")
         return RuntimeError(s.error) if s.error is not None else s.value
 
     def copying(self, namespace: str, name: str, source: str, target: str) -> int | None:
@@ -99,7 +117,7 @@ class Reconciler:
         instance: str = "modeldeploy",
         clock: Callable[[], datetime] = utcnow,
         prometheus_url: str = "http://127.0.0.1:9090",
-        analyzer: Callable[[str], Analyzer] | None = None,
+        measurements: Measurements | None = None,
         cache: ChildCache | None = None,
         events: EventSink | None = None,
     ):
@@ -111,8 +129,8 @@ class Reconciler:
         self.instance = instance
         self.clock = clock
         self.prometheus_url = prometheus_url
-        self._analyzer_factory = analyzer or (lambda url: PrometheusAnalyzer(url))
-        self._analyzers: dict[str, Analyzer] = {}
+        # None: no analysis at all (windows are never judged; a rollout waits at its first step)
+        self.measurements = measurements
         # paths the apiserver rewrites in an object we apply (learned from apply answers)
         self._normalized: dict[tuple[str, str, str], frozenset[Path]] = {}
         # the last InvalidStatus message posted as an event, per ModelDeployment (one event per message)
@@ -146,22 +164,27 @@ class Reconciler:
             raise
 
     # -------------------------------------------------------------------------------- analysis
-    def _analyzer(self, md: ModelDeployment) -> Analyzer:
-        url = md.spec.rollout.analysis.prometheus_url or self.prometheus_url
-        analyzer = self._analyzers.get(url)
-        if analyzer is None:
-            analyzer = self._analyzers[url] = self._analyzer_factory(url)
-        return analyzer
+    def _prometheus(self, md: ModelDeployment) -> tuple[str, float]:
+        a = md.spec.rollout.analysis
+        return a.prometheus_url or self.prometheus_url, parse_duration(a.query_timeout)
 
-    def probe_for(self, md: ModelDeployment) -> PrometheusProbe:
-        return PrometheusProbe(self._analyzer(md))
+    def probe_for(self, md: ModelDeployment) -> PrometheusProbe | None:
+        if self.measurements is None:
+            return None
+        return PrometheusProbe(self.measurements, (md.namespace, md.name), *self._prometheus(md))
 
-    def measure_for(self, md: ModelDeployment) -> Callable[[AnalysisRequest], Judgement]:
-        """The analysis the plan calls when a window is due (Prometheus I/O, one query per check)."""
+    def measure_for(self, md: ModelDeployment) -> Callable[[AnalysisRequest], Judgement | None] | None:
+        """The analysis the plan calls when a window is due: the finished measurement of its queries, or
+        None while it runs (never a wait on Prometheus)."""
+        measurements = self.measurements
+        if measurements is None:
+            return None
 
-        def measure(req: AnalysisRequest) -> Judgement:
-            analyzer = self._analyzer(md)
-            samples = analyzer.measure(req.queries(md))
+        def measure(req: AnalysisRequest) -> Judgement | None:
+            url, timeout = self._prometheus(md)
+            samples = measurements.request((md.namespace, md.name), url, timeout, req.queries(md))
+            if samples is None:
+                return None
             j = judge(samples, self.clock())
             for m in j.measurements:
                 if m.value is not None:

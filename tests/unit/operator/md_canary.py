@@ -12,6 +12,7 @@ from md_fakekube import FakeKube
 from modeldeploy import builders as b
 from modeldeploy.analysis import (
     AGREEMENT,
+    CLIENT_ERRORS,
     ERROR_RATE,
     P99,
     RATIO,
@@ -27,6 +28,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 GOOD = {
     REQUESTS: 200.0,
     ERROR_RATE: 0.0,
+    CLIENT_ERRORS: 0.0,
     P99: 20.0,
     RATIO: 1.0,
     # shadow stage: every stable server (2 in canary_md) copies; the copies agree
@@ -74,6 +76,23 @@ class FakePrometheus:
         return sum(1 for r, m, _ in self.queries if r == revision and m == REQUESTS)
 
 
+class Immediate:
+    """The reconciler's measurements answered at once from a :class:`FakePrometheus` (the real runner
+    answers on a later reconcile; ``pending`` plays that: requests are refused until it is cleared)."""
+
+    def __init__(self, prom: FakePrometheus) -> None:
+        self.prom = prom
+        self.pending = False
+        self.requests: list[tuple[str, float]] = []  # (url, timeout) of every request
+
+    def request(self, key, url, timeout, queries):
+        self.requests.append((url, timeout))
+        return None if self.pending else self.prom.measure(queries)
+
+    def latest(self, key, url, timeout, query, refresh):
+        return None if self.pending else self.prom.measure([query])[0]
+
+
 def canary_md(**rollout: Any) -> dict[str, Any]:
     body = copy.deepcopy(BASE_MD)
     body["spec"]["replicas"] = rollout.pop("replicas", 2)
@@ -93,12 +112,13 @@ class World:
         self.fake.put(body or canary_md())
         self.clock = Clock()
         self.prom = FakePrometheus()
+        self.measurements = Immediate(self.prom)
         self.rec = self.new_operator()
         self.pod_serial = 0
 
     def new_operator(self) -> Reconciler:
         """A fresh operator (as after a restart): nothing but what is stored in the apiserver."""
-        return Reconciler(self.fake, clock=self.clock, analyzer=lambda url: self.prom)  # type: ignore[arg-type]
+        return Reconciler(self.fake, clock=self.clock, measurements=self.measurements)  # type: ignore[arg-type]
 
     # -- the object
     @property

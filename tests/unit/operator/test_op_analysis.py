@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from md_cases import BASE_MD
 from modeldeploy.analysis import (
+    CLIENT_ERRORS,
     ERROR_RATE,
     P99,
     RATIO,
@@ -17,7 +18,6 @@ from modeldeploy.analysis import (
     build_queries,
     judge,
     render,
-    scalar,
     window,
 )
 from modeldeploy.api import AnalysisSpec, ModelDeployment
@@ -35,17 +35,18 @@ def qs(spec: AnalysisSpec | None = None, stable: str | None = "s1"):
 
 
 def samples(spec: AnalysisSpec | None = None, **values):
-    base = {REQUESTS: 100.0, ERROR_RATE: 0.0, P99: 50.0, RATIO: 1.0}
+    base = {REQUESTS: 100.0, ERROR_RATE: 0.0, P99: 50.0, RATIO: 1.0, CLIENT_ERRORS: 0.0}
     base.update({k.replace("_", "-"): v for k, v in values.items()})
     return [Sample(q, base.get(q.metric)) for q in qs(spec)]
 
 
 def test_queries_select_the_revision_and_window():
     q = {x.metric: x for x in qs()}
-    assert set(q) == {REQUESTS, ERROR_RATE, P99}  # no ratio unless asked for
+    assert set(q) == {REQUESTS, ERROR_RATE, P99, CLIENT_ERRORS}  # no ratio unless asked for
     sel = 'namespace="ns",modeldeploy_io_name="m",modeldeploy_io_revision="c1"'
     assert q[REQUESTS].promql == f"sum(increase(modelserver_requests_total{{{sel}}}[10s]))"
-    assert 'code=~"5.."' in q[ERROR_RATE].promql and "or vector(0)" in q[ERROR_RATE].promql
+    # the server's own failures: 5xx and admission control's 413/429
+    assert 'code=~"5..|413|429"' in q[ERROR_RATE].promql and "or vector(0)" in q[ERROR_RATE].promql
     assert "histogram_quantile(0.99" in q[P99].promql and "* 1000" in q[P99].promql
     ratio = {x.metric: x for x in qs(AnalysisSpec(max_latency_ratio_to_stable=2))}[RATIO]
     assert 'modeldeploy_io_revision="s1"' in ratio.promql and ratio.optional
@@ -76,11 +77,60 @@ def test_judge(values, verdict, failing):
     assert (j.failing.metric if j.failing else None) == failing
 
 
-def test_an_unreachable_prometheus_is_never_a_pass():
-    j = judge([Sample(q, None, error="ConnectionError") for q in qs()], T0)
-    assert j.verdict == "NoData" and j.failing is not None and j.failing.verdict == "Error"
-    out = advance(AnalysisSpec(on_no_data="hold"), None, j, T0)
-    assert out.action == "hold"
+def test_client_errors_are_judged_against_the_stables_share_in_the_same_window():
+    q = {x.metric: x for x in qs()}[CLIENT_ERRORS]
+    assert q.threshold == 0.05 and q.kind == "max"
+    # the canary's 4xx share minus the stable's; 413 and 429 are the server's own, not the client's
+    assert q.promql.count('code=~"4..",code!~"413|429"') == 2
+    assert 'modeldeploy_io_revision="c1"' in q.promql and 'modeldeploy_io_revision="s1"' in q.promql
+    # a revision that answers 404 to every client fails the window
+    j = judge(samples(client_error_rate_increase=1.0), T0)
+    assert j.verdict == "Fail" and j.failing is not None and j.failing.metric == CLIENT_ERRORS
+    assert judge(samples(client_error_rate_increase=0.05), T0).verdict == "Pass"
+
+
+def test_the_client_error_check_needs_a_stable_and_is_turned_off_at_1():
+    assert CLIENT_ERRORS not in {x.metric for x in qs(stable=None)}
+    assert CLIENT_ERRORS not in {x.metric for x in qs(AnalysisSpec(max_client_error_rate_increase=1))}
+    assert CLIENT_ERRORS in {x.metric for x in qs(AnalysisSpec(max_client_error_rate_increase=0))}
+
+
+def test_a_query_error_is_an_error_not_no_data_and_never_a_pass():
+    bad = [
+        Sample(q, None, error="refused: connection refused") if q.metric == P99 else s
+        for q, s in zip(qs(), samples(), strict=True)
+    ]
+    j = judge(bad, T0)
+    assert j.verdict == "Error" and j.failing is not None and j.failing.metric == P99
+    assert j.failing.error == "refused: connection refused"
+    for policy in ("pass", "hold", "fail"):  # onNoData governs no data only
+        out = advance(AnalysisSpec(on_no_data=policy), None, j, T0)
+        assert out.action == "hold" and out.verdict == "Error", policy
+        assert out.state.consecutive_failures == 0 and out.state.no_data_since is None
+
+
+def test_error_limit_consecutive_errors_pause_and_a_good_window_resets_the_count():
+    spec = AnalysisSpec(error_limit=3)
+    err = judge([Sample(q, None, error="timeout: no answer within 10s") for q in qs()], T0)
+    good = judge(samples(), T0)
+    o1 = advance(spec, None, err, T0)
+    o2 = advance(spec, o1.state, err, T0)
+    assert (o1.action, o2.action, o2.state.consecutive_errors) == ("hold", "hold", 2)
+    assert advance(spec, o2.state, good, T0).state.consecutive_errors == 0
+    o3 = advance(spec, o2.state, err, T0)
+    assert o3.action == "pause" and o3.state.paused_reason is not None
+    # the reason names the failing query and why
+    assert "timeout: no answer within 10s" in o3.state.paused_reason and "requests" in o3.state.paused_reason
+
+
+def test_errors_do_not_touch_the_failure_count():
+    spec = AnalysisSpec(failure_limit=2)
+    bad = judge(samples(error_rate=0.5), T0)
+    err = judge([Sample(q, None, error="http: HTTP 503") for q in qs()], T0)
+    o = advance(spec, None, bad, T0)
+    o = advance(spec, o.state, err, T0)
+    assert o.action == "hold" and o.state.consecutive_failures == 1
+    assert advance(spec, o.state, bad, T0).action == "fail"
 
 
 def test_missing_stable_ratio_does_not_block_a_pass():
@@ -134,11 +184,6 @@ def test_measurements_are_bounded():
     for i in range(20):
         st = advance(AnalysisSpec(), st, judge(samples(), T0 + timedelta(seconds=i)), T0).state
     assert st is not None and len(st.measurements) == 16
-
-
-def test_scalar():
-    assert scalar([{"value": [0, "0.25"]}]) == 0.25
-    assert scalar([]) is None and scalar([{"value": [0, "NaN"]}]) is None and scalar(None) is None
 
 
 @pytest.mark.parametrize(
@@ -226,6 +271,6 @@ def test_the_canary_example_parses_and_renders_its_custom_metric():
             interval="30s",
         )
     }
-    assert set(q) == {REQUESTS, ERROR_RATE, P99, RATIO, "queue-wait-p99-ms"}
+    assert set(q) == {REQUESTS, ERROR_RATE, P99, RATIO, CLIENT_ERRORS, "queue-wait-p99-ms"}
     assert 'modeldeploy_io_revision="r1"}[30s]' in q["queue-wait-p99-ms"].promql
     assert "{{" not in q["queue-wait-p99-ms"].promql and q["queue-wait-p99-ms"].threshold == 50

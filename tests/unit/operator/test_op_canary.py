@@ -118,7 +118,7 @@ def test_erroring_canary_is_rolled_back_at_the_first_failed_window():
     assert (h["revision"], h["outcome"]) == (new, "RolledBack")
     m = h["measurement"]
     assert m["metric"] == ERROR_RATE and m["value"] == 0.2 and m["threshold"] == 0.01
-    assert 'code=~"5.."' in m["query"] and f'modeldeploy_io_revision="{new}"' in m["query"]
+    assert 'code=~"5..|413|429"' in m["query"] and f'modeldeploy_io_revision="{new}"' in m["query"]
     ev = [e for e in w.fake.events if e["reason"] == "RolledBack" and e["message"].startswith("revision")]
     assert len(ev) == 1 and ev[0]["type"] == "Warning" and "0.2" in ev[0]["message"]
     assert rollout_metric("rolled_back") == before + 1
@@ -238,21 +238,6 @@ def test_no_data_holds_then_fails_after_the_timeout():
     st = w.status
     assert st["stableRevision"] == old and st["history"][-1]["outcome"] == "RolledBack"
     assert "noDataTimeout" in st["history"][-1]["reason"]
-
-
-def test_prometheus_unreachable_is_no_data_never_a_pass():
-    w = World(canary_md(analysis={"onNoData": "hold", "noDataTimeout": "1h"}))
-    w.deploy_first()
-    new = w.new_version("2")
-    w.prom.down = True
-    w.reconcile()
-    w.run_for(120)
-    st = w.status
-    assert st["canaryRevision"] == new and st["step"] == 0
-    assert {m["verdict"] for m in st["analysis"]["measurements"]} == {"Error"}
-    w.prom.down = False
-    w.run_for(10)
-    assert w.status["step"] == 1
 
 
 @pytest.mark.parametrize(("policy", "outcome"), [("pass", "step1"), ("fail", "RolledBack")])
@@ -648,23 +633,6 @@ def test_every_history_entry_says_what_it_means_in_a_typed_kind():
         ("Aborted", "Aborted"),
     ]
     assert hist[1]["revision"] == v2 and hist[2]["revision"] == v3
-
-
-def test_a_revision_that_replaces_a_vanished_stable_is_deployed_and_never_baked():
-    w = World()
-    old = w.deploy_first()
-    new = w.new_version("2")
-    w.fake.objects.pop(("Deployment", "default", f"minilm-{old}"))  # the stable revision is gone
-    w.reconcile()
-    st = w.status
-    assert st["stableRevision"] == new and "canaryRevision" not in st and "previousRevision" not in st
-    h = st["history"][-1]
-    # what it says is unchanged (Promoted); what it means is a deployment straight to 100 %
-    assert (h["revision"], h["outcome"], h["kind"]) == (new, "Promoted", "Deployed")
-    assert "is gone" in h["reason"]
-    w.prom.values[new] = {ERROR_RATE: 0.5}
-    w.run_for(60)
-    assert w.prom.windows(new) == 0 and w.status["stableRevision"] == new
 
 
 def test_a_status_written_before_history_kinds_bakes_and_fails_back_the_same():
