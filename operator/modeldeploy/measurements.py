@@ -164,15 +164,19 @@ class MeasurementRunner:
                 log.warning("measurements: on_done %s/%s: %s", *key, e)
 
     async def _one(self, url: str, timeout: float, q: Query) -> Sample:
-        client = self._client(url, timeout)
         limit = self._limits.setdefault(url, asyncio.Semaphore(self.per_url))
         try:
+            client = self._client(url, timeout)
             async with limit:
                 value = await client.instant(q.promql)
         except QueryError as e:
             metrics.ANALYSIS_QUERIES.labels(result=e.kind).inc()
             log.warning("prometheus %s: %s: %s", redact(url), q.metric, e)
             return Sample(q, None, error=str(e)[:500])
+        except Exception as e:  # a URL or TLS setting the client refuses: an error, never a pass
+            metrics.ANALYSIS_QUERIES.labels(result="config").inc()
+            log.warning("prometheus %s: %s: %s: %s", redact(url), q.metric, type(e).__name__, e)
+            return Sample(q, None, error=f"config: {type(e).__name__}: {e}"[:500])
         metrics.ANALYSIS_QUERIES.labels(result="ok" if value is not None else "nodata").inc()
         return Sample(q, value)
 

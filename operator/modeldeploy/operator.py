@@ -293,17 +293,21 @@ def prometheus_config(args: argparse.Namespace) -> Any:
     """How to reach a Prometheus URL: the operator's own gets its TLS settings and bearer token; a URL a
     ModelDeployment names gets the CA bundle only (its author must not receive the operator's token)."""
 
+    def present(path: str | None) -> str | None:  # the chart mounts a Secret that may hold one key
+        return path if path and os.path.exists(path) else None
+
     def config_for(url: str, timeout: float) -> PromConfig:
+        ca = present(args.prometheus_ca_file)
         if url != args.prometheus_url:
-            return PromConfig(url, timeout=timeout, ca_file=args.prometheus_ca_file)
+            return PromConfig(url, timeout=timeout, ca_file=ca)
         token = None
-        if args.prometheus_bearer_token_file:
+        if present(args.prometheus_bearer_token_file):
             with open(args.prometheus_bearer_token_file) as f:
                 token = f.read().strip() or None
         return PromConfig(
             url,
             timeout=timeout,
-            ca_file=args.prometheus_ca_file,
+            ca_file=ca,
             insecure_skip_verify=args.prometheus_insecure_skip_verify,
             bearer_token=token,
         )
