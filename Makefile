@@ -9,7 +9,7 @@ STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 nftables deps test test-unit test-integration test-e2e lint \
-        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-operator bench-canary bench-storage crds e2e-kind shellcheck clean
+        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-operator bench-canary bench-storage bench-chaos crds e2e-kind shellcheck clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-serving / bench-operator / bench-canary   benchmarks (results under bench/results/)"
 	@echo "make bench-serving-shadow   only the shadow-copy cost section of bench-serving"
 	@echo "make bench-storage   model fetch from the local S3 vs plain boto3; pod-Ready cold vs node cache"
+	@echo "make bench-chaos     fault injection on the local cluster: what clients saw, time to resume"
 	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
 	@echo "make rehearsal   the fresh-machine rehearsal: .ci/run on a clone of main with empty Go and binary caches"
 	@echo "make e2e-kind    the e2e suite on kind with a GPU worker (docs/gpu-kind.md)"
@@ -54,6 +55,7 @@ test: deps lint
 	$(PYTEST) tests/unit
 	$(PYTEST) tests/integration
 	$(PYTEST) tests/e2e
+	$(PYTEST) tests/chaos
 	$(E2E_CHART)
 
 test-unit: venv binaries
@@ -104,6 +106,10 @@ bench-canary: deps
 
 bench-storage: deps
 	$(PY) -m bench.storage
+
+# fault injection (tests/chaos/ and tests/e2e/test_verdict.py), figures into bench/results/chaos.json
+bench-chaos: deps
+	$(PY) -m bench.chaos
 
 crds: venv
 	$(PY) -m modeldeploy.crdgen > crds/modeldeployment.yaml

@@ -13,6 +13,8 @@ What clients saw is asserted (every failed request counted and classified), and 
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import sys
@@ -31,6 +33,19 @@ NAME = "echo"
 GOOD = "noop://?delay_ms=2"
 #: after a rollback decision is in status: gates, EndpointSlices and kube-proxy follow (docs/operator.md)
 SETTLE_S = 3.0
+
+
+REPORT: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report() -> Any:
+    """Figures for make bench-chaos ($CHAOS_REPORT, merged with tests/chaos/'s)."""
+    yield REPORT
+    if os.environ.get("CHAOS_REPORT"):
+        path = Path(os.environ["CHAOS_REPORT"])
+        old = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**old, **REPORT}, indent=2, sort_keys=True))
 
 
 def deploy(kube: Kube, ns: str, version: str, uri: str, *, name: str = NAME, model: str = "echo", **ro: Any):
@@ -104,6 +119,12 @@ def test_a_revision_that_answers_404_to_every_client_is_rolled_back(
     assert failed and all(r.kind == "http_4xx" and r.code == 404 and r.revision == v2 for r in failed)
     after = [r for r in load.snapshot(decided + SETTLE_S)]
     assert after and all(r.code == 200 and r.revision == v1 for r in after), after[:3]
+    REPORT["revision_answering_404"] = {
+        "requests": len(rollout),
+        "failed_by_kind": {"http_404_from_canary": len(failed)},
+        "decided_after_rollout_start_s": round(decided - start, 1),
+        "outcome": "RolledBack",
+    }
     print(f"404 revision: {len(failed)}/{len(rollout)} requests failed (404 from the canary) before rollback")
 
 
@@ -121,7 +142,12 @@ def test_an_unreachable_prometheus_never_promotes_even_with_on_no_data_pass_and_
     try:
         deploy(kube, ns, "2", GOOD + "&rev=2", analysis=down)
         v2 = next_revision(kube, ns, v1)
+        t0 = time.monotonic()
         st = until(kube, ns, lambda s: s.get("phase") == "Paused", 60, "the rollout paused by errors")
+        REPORT["prometheus_unreachable_on_no_data_pass"] = {
+            "paused_after_s": round(time.monotonic() - t0, 1),
+            "outcome": "Paused at step 0, promoted after the URL was fixed and resume",
+        }
         assert st["canaryRevision"] == v2 and st["step"] == 0 and st["stableRevision"] == v1
         prog = next(c for c in st["conditions"] if c["type"] == "Progressing")
         assert prog["reason"] == "AnalysisPaused" and "refused" in prog["message"]
@@ -184,6 +210,12 @@ def test_the_stable_deployment_deleted_after_a_rollback_is_recreated_and_the_bad
     kinds = {r.kind for r in seen}
     assert kinds <= {"ok", "connection_error", "http_5xx"}, kinds
     assert all(r.code == 200 and r.revision == v1 for r in load.snapshot(back + SETTLE_S))
+    REPORT["stable_deployment_deleted_after_rollback"] = {
+        "requests": len(seen),
+        "failed_by_kind": {k: v for k, v in load.by_kind(deleted).items() if k != "ok"},
+        "stable_back_in_traffic_after_s": round(back - deleted, 1),
+        "outcome": "stable kept, rolled-back revision out",
+    }
     print(
         f"stable deleted: back in traffic after {back - deleted:.1f}s; clients: {dict(load.by_kind(deleted))}"
     )
@@ -283,4 +315,9 @@ def test_a_dripping_prometheus_stops_nothing_else(
     )
     err = next(m for m in st["analysis"]["measurements"] if m["verdict"] == "Error")
     assert err["error"].startswith("timeout:") and st["step"] == 0
+    REPORT["prometheus_dripping_10_canaries"] = {
+        "fresh_deployment_after_s": round(created, 2),
+        "abort_effective_after_s": round(aborted, 2),
+        "outcome": "held (timeout errors), never passed",
+    }
     print(f"dripping Prometheus: fresh Deployment after {created:.2f}s, abort effective after {aborted:.2f}s")

@@ -359,7 +359,7 @@ class PodRunner:
                     "count": 1,
                 },
             )
-        except KubeError as exc:
+        except (KubeError, urllib3.exceptions.HTTPError, OSError) as exc:
             log.warning("event %s for %s/%s not posted: %s", reason, self.ns, self.name, exc)
 
     def _exec_prefix(self, c: ContainerRunner) -> list[str]:
@@ -698,6 +698,11 @@ class PodRunner:
                 self._gone.set()
                 return
             log.warning("status update of %s/%s failed: %s", self.ns, self.name, exc)
+            return
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            # the apiserver is unreachable (restarted, partitioned): as a kubelet, keep the containers
+            # running and report again at the next tick (this used to end the pod runner and kill them)
+            log.warning("status update of %s/%s: apiserver unreachable: %s", self.ns, self.name, exc)
             return
         if updated:
             with self._lock:

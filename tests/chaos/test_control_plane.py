@@ -1,0 +1,175 @@
+"""Faults in the control plane while a canary of a real server runs under load (issue 23, section 3):
+the kube-apiserver SIGKILLed and started again, etcd paused (SIGSTOP) for 20 s, Prometheus SIGKILLed
+mid-window and started again. Clients send through kube-proxy (the model Service's ClusterIP) the whole
+time; every request is recorded and classified.
+
+Promises (docs/reliability.md): the stable revision's clients -- here every client, the canary is good
+-- see no failed request from a control-plane fault; the rollout reaches the decision it would have
+reached without the fault (promoted), with exactly one history entry per decision; a window that could
+not be measured is held, never passed. Times are printed and written to $CHAOS_REPORT when set
+(make bench-chaos), never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from e2e.canary_support import LoadGenerator, events, md_status, noop_md
+from localcluster import faults
+from localcluster.testing import Kube, wait_for
+
+NAME = "echo"
+GOOD = "noop://?delay_ms=2"
+INTERVAL_S = 6.0
+REPORT: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report() -> Any:
+    yield REPORT
+    if os.environ.get("CHAOS_REPORT"):
+        path = Path(os.environ["CHAOS_REPORT"])
+        old = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**old, **REPORT}, indent=2, sort_keys=True))
+
+
+def status(kube: Kube, ns: str) -> dict[str, Any]:
+    try:
+        return md_status(kube, ns, NAME)
+    except Exception:  # the apiserver is down: no status to read now (the wait goes on)
+        return {}
+
+
+def stable_on(kube: Kube, ns: str, version: str) -> str:
+    def ok() -> str | None:
+        st = status(kube, ns)
+        revs = {r["revision"]: r for r in st.get("revisions", [])}
+        stable = st.get("stableRevision")
+        healthy = st.get("phase") == "Healthy" and not st.get("canaryRevision")
+        return str(stable) if healthy and revs.get(stable, {}).get("modelVersion") == version else None
+
+    return wait_for(ok, timeout=120, interval=0.2, what=f"healthy on version {version}")
+
+
+def dump(kube: Kube, ns: str) -> None:
+    """What the pods and the Service's endpoints look like (printed when the rollout did not move)."""
+    for p in kube.pods(ns):
+        conds = {c["type"]: c["status"] for c in p.get("status", {}).get("conditions", [])}
+        print(f"pod {p['metadata']['name']}: {conds}")
+    print(f"ready endpoints of {NAME}: {kube.endpoint_ips(ns, NAME)}")
+    print(f"status: {json.dumps(status(kube, ns).get('analysis'), default=str)[:2000]}")
+
+
+def decisions(st: dict[str, Any], revision: str) -> list[str]:
+    return [h["outcome"] for h in st.get("history", []) if h["revision"] == revision]
+
+
+def play(kube: Kube, ns: str, fault: Callable[[], None], scenario: str) -> dict[str, Any]:
+    """v1 stable, v2 (good) canaried under load; ``fault`` is played once v2's first step has started.
+    Returns what clients saw and where the rollout ended."""
+    kube.apply(noop_md(NAME, "1", GOOD, replicas=2), ns)
+    v1 = stable_on(kube, ns, "1")
+    load = LoadGenerator(kube, ns, NAME, max_seconds=300).wait_serving().start()
+    try:
+        started = time.monotonic()
+        kube.apply(noop_md(NAME, "2", GOOD + "&rev=2", replicas=2), ns)
+        v2 = wait_for(lambda: (r := status(kube, ns).get("revision")) != v1 and r, timeout=30, what="v2")
+        wait_for(
+            lambda: status(kube, ns).get("stepStartedAt") and status(kube, ns).get("canaryRevision") == v2,
+            timeout=60,
+            what="v2's first step in traffic",
+        )
+        time.sleep(INTERVAL_S / 2)  # mid-step: the first window is due in about half an interval
+        step_before = status(kube, ns).get("step")
+        t_fault = time.monotonic()
+        fault()
+        healed = time.monotonic()
+
+        def moving() -> dict[str, Any] | None:
+            st = status(kube, ns)
+            return st if st and (st.get("step") != step_before or "stepStartedAt" not in st) else None
+
+        try:
+            moved = wait_for(moving, timeout=120, interval=0.2, what="the rollout moving after the fault")
+        except Exception:
+            dump(kube, ns)
+            raise
+        resumed = time.monotonic()
+        st = wait_for(
+            lambda: (s := status(kube, ns)) and "Promoted" in decisions(s, v2) and s,
+            timeout=180,
+            interval=0.2,
+            what="v2 promoted",
+        )
+        done = time.monotonic()
+        time.sleep(2)
+    finally:
+        load.stop()
+    rollout = load.snapshot(started)
+    failed = [r for r in rollout if r.kind != "ok"]
+    out = {
+        "fault_s": round(healed - t_fault, 1),
+        "resumed_after_fault_end_s": round(resumed - healed, 1),
+        "resumed_after_fault_end_intervals": round((resumed - healed) / INTERVAL_S, 2),
+        "promoted_after_fault_end_s": round(done - healed, 1),
+        "requests": len(rollout),
+        "failed_by_kind": {k: v for k, v in load.by_kind(started).items() if k != "ok"},
+        "outcome": decisions(st, v2)[-1],
+        "step_seen_after_fault": moved.get("step"),
+    }
+    REPORT[scenario] = out
+    print(f"{scenario}: {out}")
+    assert not failed, f"{len(failed)} failed requests, e.g. {failed[:3]}"
+    assert decisions(st, v2) == ["Promoted"] and decisions(st, v1) == ["Deployed"]
+    assert st["stableRevision"] == v2
+    passed = [e for e in events(kube, ns, NAME) if e["reason"] == "AnalysisPassed" and v2 in e["message"]]
+    assert len(passed) >= 3  # one passed window per step: none skipped
+    return out
+
+
+def test_the_apiserver_killed_mid_step_and_started_again(kube: Kube, operator: Any, namespace: str) -> None:
+    def fault() -> None:
+        faults.kill(kube.cluster, "kube-apiserver")
+        time.sleep(5)
+        faults.start_again(kube.cluster, "kube-apiserver")
+        wait_for(
+            lambda: kube.get("/api/v1/namespaces/default") is not None, timeout=60, what="apiserver back"
+        )
+
+    play(kube, namespace, fault, "apiserver_sigkill")
+
+
+def test_etcd_paused_for_20s_mid_step(kube: Kube, operator: Any, namespace: str) -> None:
+    def fault() -> None:
+        faults.pause(kube.cluster, "etcd")
+        try:
+            time.sleep(20)
+        finally:
+            faults.resume(kube.cluster, "etcd")
+
+    play(kube, namespace, fault, "etcd_sigstop_20s")
+
+
+def test_prometheus_killed_mid_window_and_started_again(kube: Kube, operator: Any, namespace: str) -> None:
+    def fault() -> None:
+        faults.kill(kube.cluster, "prometheus")
+        time.sleep(2 * INTERVAL_S)  # at least one window is due while it is gone
+        faults.start_again(kube.cluster, "prometheus")
+        wait_for(
+            lambda: httpx.get(f"{kube.cluster.prometheus_url}/-/ready", timeout=1).status_code == 200,
+            timeout=60,
+            what="Prometheus ready again",
+        )
+
+    out = play(kube, namespace, fault, "prometheus_sigkill")
+    held = [e for e in events(kube, namespace, NAME) if e["reason"] == "AnalysisError"]
+    REPORT["prometheus_sigkill"]["windows_held_by_errors"] = len(held)
+    assert held, "no window was held while Prometheus was down"
+    assert out["outcome"] == "Promoted"
