@@ -1,7 +1,7 @@
 """Faults in the control plane while a canary of a real server runs under load (issue 23, section 3):
-the kube-apiserver SIGKILLed and started again, etcd paused (SIGSTOP) for 20 s, Prometheus SIGKILLed
-mid-window and started again. Clients send through kube-proxy (the model Service's ClusterIP) the whole
-time; every request is recorded and classified.
+the kube-apiserver SIGKILLed and started again, etcd paused (SIGSTOP) for 20 s, etcd SIGKILLed and
+started again, Prometheus SIGKILLed mid-window and started again. Clients send through kube-proxy (the
+model Service's ClusterIP) the whole time; every request is recorded and classified.
 
 Promises (docs/reliability.md): the stable revision's clients -- here every client, the canary is good
 -- see no failed request from a control-plane fault; the rollout reaches the decision it would have
@@ -155,6 +155,16 @@ def test_etcd_paused_for_20s_mid_step(kube: Kube, operator: Any, namespace: str)
             faults.resume(kube.cluster, "etcd")
 
     play(kube, namespace, fault, "etcd_sigstop_20s")
+
+
+def test_etcd_killed_mid_step_and_started_again(kube: Kube, operator: Any, namespace: str) -> None:
+    def fault() -> None:
+        faults.kill(kube.cluster, "etcd")
+        time.sleep(5)
+        faults.start_again(kube.cluster, "etcd")
+        wait_for(lambda: kube.get("/api/v1/namespaces/default") is not None, timeout=60, what="etcd back")
+
+    play(kube, namespace, fault, "etcd_sigkill")
 
 
 def test_prometheus_killed_mid_window_and_started_again(kube: Kube, operator: Any, namespace: str) -> None:
