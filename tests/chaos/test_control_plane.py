@@ -13,15 +13,13 @@ not be measured is held, never passed. Times are printed and written to $CHAOS_R
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from e2e.canary_support import LoadGenerator, events, md_status, noop_md
+from e2e.canary_support import LoadGenerator, events, md_status, noop_md, write_chaos_report
 from localcluster import faults
 from localcluster.testing import Kube, wait_for
 
@@ -34,10 +32,7 @@ REPORT: dict[str, Any] = {}
 @pytest.fixture(scope="module", autouse=True)
 def report() -> Any:
     yield REPORT
-    if os.environ.get("CHAOS_REPORT"):
-        path = Path(os.environ["CHAOS_REPORT"])
-        old = json.loads(path.read_text()) if path.exists() else {}
-        path.write_text(json.dumps({**old, **REPORT}, indent=2, sort_keys=True))
+    write_chaos_report(REPORT)
 
 
 def status(kube: Kube, ns: str) -> dict[str, Any]:

@@ -23,7 +23,9 @@ swallowed: a worker that dies makes :meth:`LoadGenerator.stop` raise :class:`Loa
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import random
 import threading
 import time
@@ -321,6 +323,15 @@ def binomial_p_value(k: int, n: int, p: float) -> float:
 
     observed = logpmf(k)
     return min(1.0, sum(math.exp(lp) for i in range(n + 1) if (lp := logpmf(i)) <= observed + 1e-9))
+
+
+def write_chaos_report(figures: dict[str, Any]) -> None:
+    """Merge ``figures`` into the JSON file $CHAOS_REPORT names, if any (make bench-chaos collects the
+    fault-injection tests' figures there)."""
+    if os.environ.get("CHAOS_REPORT"):
+        path = Path(os.environ["CHAOS_REPORT"])
+        old = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**old, **figures}, indent=2, sort_keys=True))
 
 
 def md_status(kube: Kube, ns: str, name: str) -> dict[str, Any]:

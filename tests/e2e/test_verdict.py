@@ -13,8 +13,6 @@ What clients saw is asserted (every failed request counted and classified), and 
 
 from __future__ import annotations
 
-import json
-import os
 import socket
 import subprocess
 import sys
@@ -27,7 +25,7 @@ from typing import Any
 import pytest
 from localcluster.testing import Kube, wait_for
 
-from .canary_support import LoadGenerator, events, md_status, noop_md
+from .canary_support import LoadGenerator, events, md_status, noop_md, write_chaos_report
 
 NAME = "echo"
 GOOD = "noop://?delay_ms=2"
@@ -42,10 +40,7 @@ REPORT: dict[str, Any] = {}
 def report() -> Any:
     """Figures for make bench-chaos ($CHAOS_REPORT, merged with tests/chaos/'s)."""
     yield REPORT
-    if os.environ.get("CHAOS_REPORT"):
-        path = Path(os.environ["CHAOS_REPORT"])
-        old = json.loads(path.read_text()) if path.exists() else {}
-        path.write_text(json.dumps({**old, **REPORT}, indent=2, sort_keys=True))
+    write_chaos_report(REPORT)
 
 
 def deploy(kube: Kube, ns: str, version: str, uri: str, *, name: str = NAME, model: str = "echo", **ro: Any):
