@@ -23,7 +23,7 @@ import os
 import random
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -117,7 +117,10 @@ def build_registry(
     watch_httproutes: bool = True,
     cache: ChildCache | None = None,
     stuck_after: float = 300.0,
+    on_listed: Callable[[], object] | None = None,
 ) -> kopf.OperatorRegistry:
+    """The handlers. ``on_listed()`` is called for every child that a watch's listing (its start, or a
+    relist after a 410) replays: the resync after a relist (:meth:`Resyncer.relisted`)."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
@@ -137,7 +140,11 @@ def build_registry(
     for group, version, plural in child_resources(watch_httproutes):
 
         @kopf.on.event(group, version, plural, labels={LABEL_NAME: kopf.PRESENT}, registry=registry)
-        async def child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        async def child_event(
+            event: kopf.RawEvent, namespace: str | None, labels: Mapping[str, str], **_: Any
+        ) -> None:
+            if event.get("type") is None and on_listed is not None:  # replayed by a listing
+                on_listed()
             owner = labels.get(LABEL_NAME)
             if owner and namespace:
                 controller.enqueue((namespace, owner))
@@ -357,9 +364,6 @@ async def run(args: argparse.Namespace) -> None:
         standalone=args.standalone,
     )
     controller = Controller(reconciler.reconcile, workers=args.workers, gate=gate)
-    registry = build_registry(
-        controller, watch_httproutes=args.watch_httproutes, cache=cache, stuck_after=args.stuck_after
-    )
     resyncer = Resyncer(
         kube,
         cache,
@@ -367,6 +371,13 @@ async def run(args: argparse.Namespace) -> None:
         namespaces=args.namespace,
         period=args.resync_period,
         on_changed=lambda keys: loop.call_soon_threadsafe(enqueue_all, keys),  # from the resync thread
+    )
+    registry = build_registry(
+        controller,
+        watch_httproutes=args.watch_httproutes,
+        cache=cache,
+        stuck_after=args.stuck_after,
+        on_listed=resyncer.relisted,
     )
     settings = build_settings(args)
     metrics.serve(args.metrics_port, args.bind_host)

@@ -8,6 +8,12 @@ cluster-wide or in each of the operator's namespaces) and hands the answer, with
 resourceVersion, to :meth:`ChildCache.resynced`; the ModelDeployments whose view that changed go to
 ``on_changed`` (the operator enqueues them).
 
+The resync also runs :data:`RELIST_SETTLE` seconds after a watch of children listed its kind again
+(:meth:`Resyncer.relisted`, called by the operator for every listed object): kopf relists after a 410
+(the watch's resourceVersion was too old, e.g. after an apiserver restart) and at its start, and a
+listing only adds to the indices: the resync finds what was deleted while the watch was down, at once
+instead of up to a period later.
+
 A LIST that fails is logged, counted (``modeldeploy_resyncs_total{kind,result="error"}``) and tried again
 at the next period; nothing raises out of the resync thread. The LISTs are counted in
 ``modeldeploy_reads_total`` with ``verb="resync"``: a reconcile still LISTs nothing.
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -30,6 +37,9 @@ log = logging.getLogger(__name__)
 #: seconds between two resyncs: a lost deletion is repaired within this long (the watches repair
 #: everything else at once); each resync is one LIST per kind of child (per namespace when namespaced)
 DEFAULT_PERIOD = 300.0
+#: seconds after the last object of a relist before the resync it asks for: a relist replays every
+#: child at once, and one resync after it is enough
+RELIST_SETTLE = 2.0
 
 
 class Lister(Protocol):
@@ -61,6 +71,7 @@ class Resyncer:
         namespaces: Sequence[str] = (),
         period: float = DEFAULT_PERIOD,
         on_changed: Callable[[set[Key]], object] | None = None,
+        relist_settle: float = RELIST_SETTLE,
     ) -> None:
         """``namespaces``: the operator's (empty: cluster-wide). ``on_changed(keys)`` receives the
         ``(namespace, name)`` of the ModelDeployments whose children a resync changed; it is called from
@@ -71,6 +82,8 @@ class Resyncer:
         self._kinds = tuple(kinds)
         self._namespaces: tuple[str | None, ...] = tuple(namespaces) or (None,)
         self._on_changed = on_changed or (lambda keys: None)
+        self._relist_settle = relist_settle
+        self._due: float | None = None  # a resync asked for (trigger, relisted) is due at this time
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,20 +107,35 @@ class Resyncer:
             thread.join(timeout)
 
     def trigger(self) -> None:
-        """Resync now instead of at the end of the period (e.g. after a watch had to relist); from any
-        thread. Nothing happens when the thread is not running (``period`` 0)."""
+        """Resync now instead of at the end of the period; from any thread. Nothing happens when the
+        thread is not running (``period`` 0)."""
+        self._due = time.monotonic()
+        self._wake.set()
+
+    def relisted(self) -> None:
+        """A watch of children listed its kind again: resync :data:`RELIST_SETTLE` seconds after the last
+        such call; from any thread (kopf calls it in its event loop)."""
+        self._due = time.monotonic() + self._relist_settle
         self._wake.set()
 
     def _run(self) -> None:
+        next_at = time.monotonic() + self.period
         while not self._stopping.is_set():
-            self._wake.wait(self.period)
+            due = self._due
+            until = next_at if due is None else min(next_at, due)
+            self._wake.wait(max(0.0, until - time.monotonic()))
             self._wake.clear()
             if self._stopping.is_set():
                 return
+            now, due = time.monotonic(), self._due
+            if now < next_at and (due is None or now < due):
+                continue  # woken early: a relist pushed its resync later
+            self._due = None  # before the LISTs: a relist during them asks for one more
             try:
                 self.run_once()
             except Exception:  # never out of the thread: the next period tries again
                 log.exception("resync failed")
+            next_at = time.monotonic() + self.period
 
     # -------------------------------------------------------------------------------- one resync
     def run_once(self) -> set[Key]:

@@ -1,7 +1,9 @@
 """Faults in the control plane while a canary of a real server runs under load (issue 23, section 3):
 the kube-apiserver SIGKILLed and started again, etcd paused (SIGSTOP) for 20 s, etcd SIGKILLed and
-started again, Prometheus SIGKILLed mid-window and started again. Clients send through kube-proxy (the
-model Service's ClusterIP) the whole time; every request is recorded and classified.
+started again, Prometheus SIGKILLed mid-window and started again, the operator partitioned from the
+apiserver for 30 s (its connections destroyed, its packets dropped) while one of its children is
+deleted. Clients send through kube-proxy (the model Service's ClusterIP) the whole time; every request is
+recorded and classified.
 
 Promises (docs/reliability.md): the stable revision's clients -- here every client, the canary is good
 -- see no failed request from a control-plane fault; the rollout reaches the decision it would have
@@ -12,20 +14,18 @@ not be measured is held, never passed. Times are printed and written to $CHAOS_R
 
 from __future__ import annotations
 
-import json
+import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
-from e2e.canary_support import LoadGenerator, events, md_status, noop_md, write_chaos_report
+from e2e.canary_support import events, write_chaos_report
 from localcluster import faults
 from localcluster.testing import Kube, wait_for
 
-NAME = "echo"
-GOOD = "noop://?delay_ms=2"
-INTERVAL_S = 6.0
+from .rollout_under_fault import INTERVAL_S, NAME, play
+
 REPORT: dict[str, Any] = {}
 
 
@@ -33,100 +33,6 @@ REPORT: dict[str, Any] = {}
 def report() -> Any:
     yield REPORT
     write_chaos_report(REPORT)
-
-
-def status(kube: Kube, ns: str) -> dict[str, Any]:
-    try:
-        return md_status(kube, ns, NAME)
-    except Exception:  # the apiserver is down: no status to read now (the wait goes on)
-        return {}
-
-
-def stable_on(kube: Kube, ns: str, version: str) -> str:
-    def ok() -> str | None:
-        st = status(kube, ns)
-        revs = {r["revision"]: r for r in st.get("revisions", [])}
-        stable = st.get("stableRevision")
-        healthy = st.get("phase") == "Healthy" and not st.get("canaryRevision")
-        return str(stable) if healthy and revs.get(stable, {}).get("modelVersion") == version else None
-
-    return wait_for(ok, timeout=120, interval=0.2, what=f"healthy on version {version}")
-
-
-def dump(kube: Kube, ns: str) -> None:
-    """What the pods and the Service's endpoints look like (printed when the rollout did not move)."""
-    for p in kube.pods(ns):
-        conds = {c["type"]: c["status"] for c in p.get("status", {}).get("conditions", [])}
-        print(f"pod {p['metadata']['name']}: {conds}")
-    print(f"ready endpoints of {NAME}: {kube.endpoint_ips(ns, NAME)}")
-    print(f"status: {json.dumps(status(kube, ns).get('analysis'), default=str)[:2000]}")
-
-
-def decisions(st: dict[str, Any], revision: str) -> list[str]:
-    return [h["outcome"] for h in st.get("history", []) if h["revision"] == revision]
-
-
-def play(kube: Kube, ns: str, fault: Callable[[], None], scenario: str) -> dict[str, Any]:
-    """v1 stable, v2 (good) canaried under load; ``fault`` is played once v2's first step has started.
-    Returns what clients saw and where the rollout ended."""
-    kube.apply(noop_md(NAME, "1", GOOD, replicas=2), ns)
-    v1 = stable_on(kube, ns, "1")
-    load = LoadGenerator(kube, ns, NAME, max_seconds=300).wait_serving().start()
-    try:
-        started = time.monotonic()
-        kube.apply(noop_md(NAME, "2", GOOD + "&rev=2", replicas=2), ns)
-        v2 = wait_for(lambda: (r := status(kube, ns).get("revision")) != v1 and r, timeout=30, what="v2")
-        wait_for(
-            lambda: status(kube, ns).get("stepStartedAt") and status(kube, ns).get("canaryRevision") == v2,
-            timeout=60,
-            what="v2's first step in traffic",
-        )
-        time.sleep(INTERVAL_S / 2)  # mid-step: the first window is due in about half an interval
-        step_before = status(kube, ns).get("step")
-        t_fault = time.monotonic()
-        fault()
-        healed = time.monotonic()
-
-        def moving() -> dict[str, Any] | None:
-            st = status(kube, ns)
-            return st if st and (st.get("step") != step_before or "stepStartedAt" not in st) else None
-
-        try:
-            moved = wait_for(moving, timeout=120, interval=0.2, what="the rollout moving after the fault")
-        except Exception:
-            dump(kube, ns)
-            raise
-        resumed = time.monotonic()
-        st = wait_for(
-            lambda: (s := status(kube, ns)) and "Promoted" in decisions(s, v2) and s,
-            timeout=180,
-            interval=0.2,
-            what="v2 promoted",
-        )
-        done = time.monotonic()
-        time.sleep(2)
-    finally:
-        load.stop()
-    rollout = load.snapshot(started)
-    failed = [r for r in rollout if r.kind != "ok"]
-    out = {
-        "fault_s": round(healed - t_fault, 1),
-        "resumed_after_fault_end_s": round(resumed - healed, 1),
-        "resumed_after_fault_end_intervals": round((resumed - healed) / INTERVAL_S, 2),
-        "promoted_after_fault_end_s": round(done - healed, 1),
-        "requests": len(rollout),
-        "failed_by_kind": {k: v for k, v in load.by_kind(started).items() if k != "ok"},
-        "outcome": decisions(st, v2)[-1],
-        "step_seen_after_fault": moved.get("step"),
-    }
-    REPORT[scenario] = out
-    print(f"{scenario}: {out}")
-    assert not failed, f"{len(failed)} failed requests, e.g. {failed[:3]}"
-    assert decisions(st, v2) == ["Promoted"] and decisions(st, v1) == ["Deployed"]
-    assert st["stableRevision"] == v2
-    passed = [e for e in events(kube, ns, NAME) if e["reason"] == "AnalysisPassed" and v2 in e["message"]]
-    assert len(passed) >= 3  # one passed window per step: none skipped
-    return out
 
 
 def test_the_apiserver_killed_mid_step_and_started_again(kube: Kube, operator: Any, namespace: str) -> None:
@@ -138,7 +44,7 @@ def test_the_apiserver_killed_mid_step_and_started_again(kube: Kube, operator: A
             lambda: kube.get("/api/v1/namespaces/default") is not None, timeout=60, what="apiserver back"
         )
 
-    play(kube, namespace, fault, "apiserver_sigkill")
+    play(kube, namespace, fault, REPORT, "apiserver_sigkill")
 
 
 def test_etcd_paused_for_20s_mid_step(kube: Kube, operator: Any, namespace: str) -> None:
@@ -149,7 +55,7 @@ def test_etcd_paused_for_20s_mid_step(kube: Kube, operator: Any, namespace: str)
         finally:
             faults.resume(kube.cluster, "etcd")
 
-    play(kube, namespace, fault, "etcd_sigstop_20s")
+    play(kube, namespace, fault, REPORT, "etcd_sigstop_20s")
 
 
 def test_etcd_killed_mid_step_and_started_again(kube: Kube, operator: Any, namespace: str) -> None:
@@ -159,7 +65,7 @@ def test_etcd_killed_mid_step_and_started_again(kube: Kube, operator: Any, names
         faults.start_again(kube.cluster, "etcd")
         wait_for(lambda: kube.get("/api/v1/namespaces/default") is not None, timeout=60, what="etcd back")
 
-    play(kube, namespace, fault, "etcd_sigkill")
+    play(kube, namespace, fault, REPORT, "etcd_sigkill")
 
 
 def test_prometheus_killed_mid_window_and_started_again(kube: Kube, operator: Any, namespace: str) -> None:
@@ -173,8 +79,45 @@ def test_prometheus_killed_mid_window_and_started_again(kube: Kube, operator: An
             what="Prometheus ready again",
         )
 
-    out = play(kube, namespace, fault, "prometheus_sigkill")
+    out = play(kube, namespace, fault, REPORT, "prometheus_sigkill")
     held = [e for e in events(kube, namespace, NAME) if e["reason"] == "AnalysisError"]
     REPORT["prometheus_sigkill"]["windows_held_by_errors"] = len(held)
     assert held, "no window was held while Prometheus was down"
     assert out["outcome"] == "Promoted"
+
+
+def test_the_operator_partitioned_from_the_apiserver_for_30s_while_its_pdb_is_deleted(
+    kube: Kube, operator: Any, namespace: str
+) -> None:
+    pdb_path = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{NAME}"
+    recreated: dict[str, float] = {}
+
+    def pdb_uid() -> str | None:
+        pdb = kube.get(pdb_path)
+        return str(pdb["metadata"]["uid"]) if pdb else None
+
+    def watch_for_a_new_pdb(gone: str, healed: float) -> None:
+        deadline = healed + 120
+        while time.monotonic() < deadline:
+            if (uid := pdb_uid()) is not None and uid != gone:
+                recreated["after_heal_s"] = time.monotonic() - healed
+                return
+            time.sleep(0.2)
+
+    def fault() -> None:
+        before = pdb_uid()
+        assert before, "the ModelDeployment has no PodDisruptionBudget to delete"
+        with faults.partitioned_from_apiserver(kube.cluster):
+            time.sleep(5)  # the operator's watches are broken and its requests hang
+            kube.kubectl("delete", "pdb", NAME, "-n", namespace)  # the tests' client is not cut off
+            time.sleep(25)
+        threading.Thread(target=watch_for_a_new_pdb, args=(before, time.monotonic()), daemon=True).start()
+
+    out = play(kube, namespace, fault, REPORT, "operator_partitioned_30s_child_deleted")
+    wait_for(lambda: "after_heal_s" in recreated, timeout=120, what="the deleted PDB recreated")
+    REPORT["operator_partitioned_30s_child_deleted"]["child_recreated_after_heal_s"] = round(
+        recreated["after_heal_s"], 1
+    )
+    print(f"the deleted PDB was recreated {recreated['after_heal_s']:.1f}s after the partition healed")
+    assert out["outcome"] == "Promoted"
+    assert operator.proc.poll() is None, "the operator exited during the partition"

@@ -8,15 +8,18 @@ kube-proxy. Each test failed on the main of 2026-12-01 (b226cdd):
 * a Prometheus that accepts and drips bytes parked every reconcile worker: no new ModelDeployment got a
   Deployment, no abort took effect.
 
+A Prometheus that answers garbage (not JSON, cut short, two series, a matrix, a sample that is not a
+number) is played too: the second finding with a Prometheus that does answer (on b226cdd a query that
+errored became NoData, which ``onNoData: pass`` passes; this test was written after the fix and was not
+run against b226cdd).
+
 What clients saw is asserted (every failed request counted and classified), and where the rollout ended.
 """
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +29,7 @@ import pytest
 from localcluster.testing import Kube, wait_for
 
 from .canary_support import LoadGenerator, events, md_status, noop_md, write_chaos_report
+from .fake_prometheus import DrippingPrometheus, GarbagePrometheus
 
 NAME = "echo"
 GOOD = "noop://?delay_ms=2"
@@ -164,6 +168,48 @@ def test_an_unreachable_prometheus_never_promotes_even_with_on_no_data_pass_and_
     assert set(load.by_kind()) == {"ok"}, load.by_kind()  # the canary was good: no client failed
 
 
+@pytest.fixture
+def garbage() -> Iterator[GarbagePrometheus]:
+    p = GarbagePrometheus()
+    yield p
+    p.server.shutdown()
+    p.server.server_close()
+
+
+def test_a_prometheus_answering_garbage_never_promotes_and_pauses(
+    kube: Kube, operator: Any, namespace: str, garbage: GarbagePrometheus
+) -> None:
+    ns = namespace
+    deploy(kube, ns, "1", GOOD)
+    v1 = stable_on(kube, ns, "1")
+    analysis = {"prometheusURL": garbage.url, "onNoData": "pass", "errorLimit": 3}
+    load = LoadGenerator(kube, ns, NAME).wait_serving().start()
+    try:
+        deploy(kube, ns, "2", GOOD + "&rev=2", analysis=analysis)
+        v2 = next_revision(kube, ns, v1)
+        t0 = time.monotonic()
+        st = until(kube, ns, lambda s: s.get("phase") == "Paused", 90, "the rollout paused by garbage")
+        paused_after = time.monotonic() - t0
+    finally:
+        load.stop()
+    assert st["canaryRevision"] == v2 and st["step"] == 0 and st["stableRevision"] == v1
+    assert (v2, "Promoted") not in history(kube, ns)
+    mine = [m for m in st["analysis"]["measurements"] if m["revision"] == v2]
+    assert mine and {m["verdict"] for m in mine} == {"Error"}
+    kinds = {m["error"].split(":", 1)[0] for m in mine}
+    assert kinds <= {"unparseable", "shape"}, kinds
+    assert garbage.served >= 3
+    assert set(load.by_kind()) == {"ok"}, load.by_kind()  # the canary was good: no client failed
+    REPORT["prometheus_answering_garbage"] = {
+        "queries_answered_with_garbage": garbage.served,
+        "error_kinds": sorted(kinds),
+        "paused_after_s": round(paused_after, 1),
+        "failed_by_kind": {k: v for k, v in load.by_kind().items() if k != "ok"},
+        "outcome": "Paused at step 0 (never passed)",
+    }
+    print(f"garbage Prometheus: {garbage.served} answers, paused after {paused_after:.1f}s, errors {kinds}")
+
+
 # ---------------------------------------------------------------------------------------------- stable
 
 
@@ -217,43 +263,6 @@ def test_the_stable_deployment_deleted_after_a_rollback_is_recreated_and_the_bad
 
 
 # ---------------------------------------------------------------------------------------------- hanging
-
-
-class DrippingPrometheus:
-    """Accepts every connection, sends a status line, then one byte every ``every`` seconds, forever."""
-
-    def __init__(self, every: float = 2.0) -> None:
-        self.every = every
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(256)
-        self.stop = threading.Event()
-        self.accepted = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-
-    def _accept(self) -> None:
-        self.sock.settimeout(0.5)
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.accepted += 1
-            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
-
-    def _drip(self, conn: socket.socket) -> None:
-        try:
-            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
-            while not self.stop.wait(self.every):
-                conn.sendall(b" ")
-        except OSError:
-            pass
-        finally:
-            conn.close()
 
 
 @pytest.fixture

@@ -70,6 +70,9 @@ from .volumes import (
 log = logging.getLogger("localcluster.agent")
 
 TICK_S = 0.2
+#: a file ``<agent state dir>/unreachable-nodes/<node>`` cuts that node's "kubelet" off from the apiserver
+#: (:func:`localcluster.faults.node_unreachable`): its pods keep running, nothing is reported for them
+UNREACHABLE_NODES = "unreachable-nodes"
 MAX_BACKOFF_S = 10.0
 VOLUME_RETRY_S = 1.0  # between attempts to provide a pod's volumes
 REFRESH_S = 5.0  # between re-reads of a pod's configMap and secret volumes
@@ -688,6 +691,8 @@ class PodRunner:
     def _report(self) -> None:
         with self._lock:
             pod = self.pod
+        if self.agent.unreachable(pod["spec"].get("nodeName", "")):
+            return  # a kubelet cut off from the apiserver: the containers run on, no status gets out
         want = desired_status(pod, self.state, now_rfc3339())
         if not status_differs(pod, want):
             return
@@ -765,6 +770,10 @@ class NodeAgent:
         self.runners: dict[str, PodRunner] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+
+    def unreachable(self, node: str) -> bool:
+        """Whether ``node`` is played as cut off from the apiserver (a file, so a test can flip it)."""
+        return bool(node) and (self.state_dir / UNREACHABLE_NODES / node).exists()
 
     def forget(self, runner: PodRunner) -> None:
         with self._lock:

@@ -43,6 +43,8 @@ S3_REGION = "us-east-1"
 S3_HEALTH_PATH = "/health"
 
 GPU_NODE = "gpu-node-0"
+#: the annotation kwok manages nodes by (``=fake``): without it a node gets no heartbeat
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 CPU_NODE = "cpu-node-0"
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -384,7 +386,7 @@ def kwok_args(
         str(bin_dir / "kwok"),
         f"--kubeconfig={kubeconfig_path}",
         "--manage-all-nodes=false",
-        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+        f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
         f"--cidr={pod_cidr}",
         f"--node-ip={NODE_IP}",
         f"--server-address=127.0.0.1:{server_port}",
@@ -485,7 +487,7 @@ def node_manifest(name: str, *, gpus: int, cpu: str = "32", memory: str = "256Gi
         "metadata": {
             "name": name,
             "labels": labels,
-            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
         },
         "spec": {},
         "status": {"capacity": capacity, "allocatable": dict(capacity)},

@@ -17,14 +17,20 @@ from .cluster import Cluster, free_port
 
 
 def operator_env(
-    cluster: Cluster, *, metrics_port: int, health_port: int, base: Mapping[str, str] | None = None
+    cluster: Cluster,
+    *,
+    metrics_port: int,
+    health_port: int,
+    base: Mapping[str, str] | None = None,
+    kubeconfig: Path | None = None,
 ) -> dict[str, str]:
-    """The operator's environment: ``base`` (default: this process's) with the cluster's kubeconfig and
+    """The operator's environment: ``base`` (default: this process's) with ``kubeconfig`` (default: the
+    cluster's admin kubeconfig) and
     Prometheus, the node cache under the cluster's state (both nodes are this machine), and its ports on
     127.0.0.1 (0: any free port)."""
     return {
         **(os.environ if base is None else base),
-        "KUBECONFIG": str(cluster.kubeconfig),
+        "KUBECONFIG": str(kubeconfig or cluster.kubeconfig),
         "MODELDEPLOY_PROMETHEUS_URL": cluster.prometheus_url,
         "MODELDEPLOY_NODE_CACHE_PATH": str(cluster.state_dir / "node-cache"),
         "MODELDEPLOY_STANDALONE": "1",
@@ -41,11 +47,22 @@ class OperatorNotLive(RuntimeError):
 class OperatorProcess:
     """A started operator process; its output goes to ``log``."""
 
-    def __init__(self, cluster: Cluster, log: Path, *, base_env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        log: Path,
+        *,
+        base_env: Mapping[str, str] | None = None,
+        kubeconfig: Path | None = None,
+    ) -> None:
         self.log = log
         self.metrics_port, self.health_port = free_port(), free_port()
         env = operator_env(
-            cluster, metrics_port=self.metrics_port, health_port=self.health_port, base=base_env
+            cluster,
+            metrics_port=self.metrics_port,
+            health_port=self.health_port,
+            base=base_env,
+            kubeconfig=kubeconfig,
         )
         with log.open("ab") as f:
             self.proc = subprocess.Popen(

@@ -213,6 +213,25 @@ def test_registry_has_thin_event_handlers_and_no_finalizer():
     assert not reg._spawning.get_all_handlers()  # no daemons/timers: no finalizer
 
 
+def test_a_listed_child_asks_for_a_resync_and_a_watched_change_does_not():
+    """A listing (kopf's start, or its relist after a 410) replays each child with event type None; only
+    those call ``on_listed`` (the resync after a relist), and each still enqueues its owner."""
+    enqueued: list[tuple[str, str]] = []
+    controller = Controller(lambda ns, n: None)
+    controller.enqueue = enqueued.append  # type: ignore[method-assign]
+    listed: list[int] = []
+    reg = operator.build_registry(controller, on_listed=lambda: listed.append(1))
+    deployments = next(
+        h for h in reg._watching.get_all_handlers() if h.selector and h.selector.any_name == "deployments"
+    )
+    for event_type in (None, "ADDED", "MODIFIED", "DELETED", None):
+        asyncio.run(
+            deployments.fn(event={"type": event_type}, namespace="ml", labels={operator.LABEL_NAME: "minilm"})
+        )
+    assert len(listed) == 2
+    assert enqueued == [("ml", "minilm")] * 5
+
+
 def test_children_are_indexed_for_the_child_cache():
     """Every watched kind of child is also indexed (kopf fills indices before any other handler runs),
     and a startup handler hands the indices to the cache."""

@@ -331,6 +331,29 @@ def test_the_thread_resyncs_every_period(world):
         resyncer.stop()
 
 
+def test_a_relist_is_followed_by_one_resync_after_it_settles(world):
+    """kopf relists after a 410 and replays every child: each replayed child pushes the resync later, so
+    one resync runs once the replay is over, long before the period ends."""
+    fake, done = FakeKube(), threading.Event()
+    world.index[OWNER] = [dep("minilm-a", 5)]  # deleted while the watch was down: the listing only adds
+    fake.listings["Deployment", None] = ([], "10")
+    resyncer = Resyncer(
+        fake, world.cache, [k.DEPLOYMENT], period=3600, relist_settle=0.2, on_changed=lambda keys: done.set()
+    )
+    resyncer.start()
+    try:
+        started = time.monotonic()
+        for _ in range(5):  # the replay of a listing
+            resyncer.relisted()
+            time.sleep(0.1)
+        assert fake.calls == []  # still replaying: each listed child pushed the resync later
+        assert done.wait(5)
+        assert time.monotonic() - started >= 0.6
+        assert len(fake.calls) == 1 and world.names() == []
+    finally:
+        resyncer.stop()
+
+
 def test_a_period_of_zero_disables_the_resync(world):
     resyncer = Resyncer(FakeKube(), world.cache, [k.DEPLOYMENT], period=0)
     resyncer.start()
