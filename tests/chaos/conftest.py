@@ -8,14 +8,24 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from e2e.conftest import crds
+from e2e.canary_support import write_chaos_report
+from e2e.conftest import crds, dripping
 from localcluster import faults
 from localcluster.operator_process import OperatorProcess
 from localcluster.testing import Kube
 
-__all__ = ["crds", "operator"]
+__all__ = ["crds", "dripping", "operator", "report"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report() -> Iterator[dict[str, Any]]:
+    """The module's figures, by scenario: written to $CHAOS_REPORT (make bench-chaos) when it ends."""
+    figures: dict[str, Any] = {}
+    yield figures
+    write_chaos_report(figures)
 
 
 @pytest.fixture(scope="module")

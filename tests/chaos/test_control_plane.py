@@ -19,23 +19,16 @@ import time
 from typing import Any
 
 import httpx
-import pytest
-from e2e.canary_support import events, write_chaos_report
+from e2e.canary_support import events
 from localcluster import faults
 from localcluster.testing import Kube, wait_for
 
 from .rollout_under_fault import INTERVAL_S, NAME, play
 
-REPORT: dict[str, Any] = {}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def report() -> Any:
-    yield REPORT
-    write_chaos_report(REPORT)
-
-
-def test_the_apiserver_killed_mid_step_and_started_again(kube: Kube, operator: Any, namespace: str) -> None:
+def test_the_apiserver_killed_mid_step_and_started_again(
+    kube: Kube, operator: Any, namespace: str, report: dict[str, Any]
+) -> None:
     def fault() -> None:
         faults.kill(kube.cluster, "kube-apiserver")
         time.sleep(5)
@@ -44,10 +37,12 @@ def test_the_apiserver_killed_mid_step_and_started_again(kube: Kube, operator: A
             lambda: kube.get("/api/v1/namespaces/default") is not None, timeout=60, what="apiserver back"
         )
 
-    play(kube, namespace, fault, REPORT, "apiserver_sigkill")
+    play(kube, namespace, fault, report, "apiserver_sigkill")
 
 
-def test_etcd_paused_for_20s_mid_step(kube: Kube, operator: Any, namespace: str) -> None:
+def test_etcd_paused_for_20s_mid_step(
+    kube: Kube, operator: Any, namespace: str, report: dict[str, Any]
+) -> None:
     def fault() -> None:
         faults.pause(kube.cluster, "etcd")
         try:
@@ -55,20 +50,24 @@ def test_etcd_paused_for_20s_mid_step(kube: Kube, operator: Any, namespace: str)
         finally:
             faults.resume(kube.cluster, "etcd")
 
-    play(kube, namespace, fault, REPORT, "etcd_sigstop_20s")
+    play(kube, namespace, fault, report, "etcd_sigstop_20s")
 
 
-def test_etcd_killed_mid_step_and_started_again(kube: Kube, operator: Any, namespace: str) -> None:
+def test_etcd_killed_mid_step_and_started_again(
+    kube: Kube, operator: Any, namespace: str, report: dict[str, Any]
+) -> None:
     def fault() -> None:
         faults.kill(kube.cluster, "etcd")
         time.sleep(5)
         faults.start_again(kube.cluster, "etcd")
         wait_for(lambda: kube.get("/api/v1/namespaces/default") is not None, timeout=60, what="etcd back")
 
-    play(kube, namespace, fault, REPORT, "etcd_sigkill")
+    play(kube, namespace, fault, report, "etcd_sigkill")
 
 
-def test_prometheus_killed_mid_window_and_started_again(kube: Kube, operator: Any, namespace: str) -> None:
+def test_prometheus_killed_mid_window_and_started_again(
+    kube: Kube, operator: Any, namespace: str, report: dict[str, Any]
+) -> None:
     def fault() -> None:
         faults.kill(kube.cluster, "prometheus")
         time.sleep(2 * INTERVAL_S)  # at least one window is due while it is gone
@@ -79,15 +78,15 @@ def test_prometheus_killed_mid_window_and_started_again(kube: Kube, operator: An
             what="Prometheus ready again",
         )
 
-    out = play(kube, namespace, fault, REPORT, "prometheus_sigkill")
+    out = play(kube, namespace, fault, report, "prometheus_sigkill")
     held = [e for e in events(kube, namespace, NAME) if e["reason"] == "AnalysisError"]
-    REPORT["prometheus_sigkill"]["windows_held_by_errors"] = len(held)
+    report["prometheus_sigkill"]["windows_held_by_errors"] = len(held)
     assert held, "no window was held while Prometheus was down"
     assert out["outcome"] == "Promoted"
 
 
 def test_the_operator_partitioned_from_the_apiserver_for_30s_while_its_pdb_is_deleted(
-    kube: Kube, operator: Any, namespace: str
+    kube: Kube, operator: Any, namespace: str, report: dict[str, Any]
 ) -> None:
     pdb_path = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/{NAME}"
     recreated: dict[str, float] = {}
@@ -113,9 +112,9 @@ def test_the_operator_partitioned_from_the_apiserver_for_30s_while_its_pdb_is_de
             time.sleep(25)
         threading.Thread(target=watch_for_a_new_pdb, args=(before, time.monotonic()), daemon=True).start()
 
-    out = play(kube, namespace, fault, REPORT, "operator_partitioned_30s_child_deleted")
+    out = play(kube, namespace, fault, report, "operator_partitioned_30s_child_deleted")
     wait_for(lambda: "after_heal_s" in recreated, timeout=120, what="the deleted PDB recreated")
-    REPORT["operator_partitioned_30s_child_deleted"]["child_recreated_after_heal_s"] = round(
+    report["operator_partitioned_30s_child_deleted"]["child_recreated_after_heal_s"] = round(
         recreated["after_heal_s"], 1
     )
     print(f"the deleted PDB was recreated {recreated['after_heal_s']:.1f}s after the partition healed")

@@ -17,21 +17,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e.canary_support import LoadGenerator, md_status, noop_md, write_chaos_report
+from e2e.canary_support import LoadGenerator, md_status, noop_md
 from localcluster import faults
 from localcluster.objectstore import ObjectStore
 from localcluster.testing import Kube, wait_for
 
 NAME = "stored"
-REPORT: dict[str, Any] = {}
 #: the fetch's own deadline (spec.model.storage.timeout): a hanging store fails the fetch after this long
 FETCH_TIMEOUT = "10s"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report() -> Any:
-    yield REPORT
-    write_chaos_report(REPORT)
 
 
 @pytest.fixture
@@ -87,7 +80,7 @@ def failed_fetches(kube: Kube, ns: str) -> int:
 
 
 def test_the_object_store_down_while_the_autoscaler_adds_a_pod(
-    kube: Kube, operator: Any, namespace: str, s3: ObjectStore, stored_model: str
+    kube: Kube, operator: Any, namespace: str, s3: ObjectStore, stored_model: str, report: dict[str, Any]
 ) -> None:
     ns = namespace
     kube.apply(elastic_md(kube, s3, stored_model, min_replicas=1), ns)
@@ -135,7 +128,7 @@ def test_the_object_store_down_while_the_autoscaler_adds_a_pod(
         "failed_by_kind": {k: v for k, v in load.by_kind(started).items() if k != "ok"},
         "outcome": "the added pod served after the store came back; no revision change",
     }
-    REPORT["object_store_down_during_scale_out"] = out
+    report["object_store_down_during_scale_out"] = out
     print(f"object store down during scale-out: {out}")
     assert not failed, f"{len(failed)} failed requests, e.g. {failed[:3]}"
     assert seen.get("status") == "False" and seen.get("reason") == "ReplicasNotReady", seen

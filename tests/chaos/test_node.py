@@ -17,8 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pytest
-from e2e.canary_support import events, write_chaos_report
+from e2e.canary_support import events
 from localcluster import faults
 from localcluster.config import CPU_NODE, GPU_NODE
 from localcluster.testing import Kube, wait_for
@@ -32,13 +31,6 @@ CLIENT_NODE = GPU_NODE
 #: recovering node's addresses, and kube-proxy exits when its own node's addresses change (a kubelet would
 #: restart it; the local cluster has nothing that does, and the Service would stay frozen on old rules)
 CANARY_NODE = CPU_NODE
-REPORT: dict[str, Any] = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report() -> Any:
-    yield REPORT
-    write_chaos_report(REPORT)
 
 
 def node_ready(kube: Kube, node: str) -> str:
@@ -54,7 +46,9 @@ def ready_pods_on(kube: Kube, ns: str, node: str) -> int:
     return n
 
 
-def test_the_canarys_node_going_not_ready_mid_step(kube: Kube, operator: Any, namespace: str) -> None:
+def test_the_canarys_node_going_not_ready_mid_step(
+    kube: Kube, operator: Any, namespace: str, report: dict[str, Any]
+) -> None:
     seen: dict[str, float] = {}
 
     def fault() -> None:
@@ -79,14 +73,14 @@ def test_the_canarys_node_going_not_ready_mid_step(kube: Kube, operator: Any, na
             dump(kube, namespace)
         wait_for(lambda: node_ready(kube, CANARY_NODE) == "True", timeout=60, interval=0.5, what="node Ready")
 
-    out = play(kube, namespace, fault, REPORT, "canary_node_not_ready", nodes=(CLIENT_NODE, CANARY_NODE))
+    out = play(kube, namespace, fault, report, "canary_node_not_ready", nodes=(CLIENT_NODE, CANARY_NODE))
     held = [e for e in events(kube, namespace, NAME) if e["reason"] == "AnalysisHold"]
-    REPORT["canary_node_not_ready"].update(
+    report["canary_node_not_ready"].update(
         {
             "node_not_ready_after_s": round(seen["node_not_ready_after_s"], 1),
             "canary_out_of_traffic_after_s": round(seen["canary_out_of_traffic_after_s"], 1),
             "windows_held": len(held),
         }
     )
-    print(f"canary node NotReady: {REPORT['canary_node_not_ready']}")
+    print(f"canary node NotReady: {report['canary_node_not_ready']}")
     assert out["outcome"] == "Promoted"

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e.canary_support import md_status, noop_md, write_chaos_report
+from e2e.canary_support import md_status, noop_md
 from e2e.fake_prometheus import DrippingPrometheus
 from localcluster.operator_process import OperatorProcess
 from localcluster.testing import Kube, wait_for
@@ -25,21 +25,6 @@ from localcluster.testing import Kube, wait_for
 GOOD = "noop://?delay_ms=2"
 #: the chart's terminationGracePeriodSeconds (charts/modeldeploy/values.yaml): after it, SIGKILL
 GRACE_S = 30
-REPORT: dict[str, Any] = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def report() -> Any:
-    yield REPORT
-    write_chaos_report(REPORT)
-
-
-@pytest.fixture
-def dripping() -> Iterator[DrippingPrometheus]:
-    p = DrippingPrometheus()
-    yield p
-    p.stop.set()
-    p.sock.close()
 
 
 @pytest.fixture
@@ -57,7 +42,11 @@ def own_operator(
 
 
 def test_sigterm_stops_the_operator_within_its_grace_period_while_prometheus_hangs(
-    kube: Kube, own_operator: OperatorProcess, namespace: str, dripping: DrippingPrometheus
+    kube: Kube,
+    own_operator: OperatorProcess,
+    namespace: str,
+    dripping: DrippingPrometheus,
+    report: dict[str, Any],
 ) -> None:
     ns = namespace
     names = [f"hang{i}" for i in range(3)]
@@ -76,7 +65,7 @@ def test_sigterm_stops_the_operator_within_its_grace_period_while_prometheus_han
     except subprocess.TimeoutExpired:
         pytest.fail(f"the operator was still running {GRACE_S} s after SIGTERM (its queries hang)")
     exited = time.monotonic() - t0
-    REPORT["sigterm_while_prometheus_hangs"] = {
+    report["sigterm_while_prometheus_hangs"] = {
         "queries_hanging": dripping.accepted,
         "exited_after_sigterm_s": round(exited, 2),
         "exit_code": code,

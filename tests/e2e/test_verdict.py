@@ -21,7 +21,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +114,8 @@ def test_a_revision_that_answers_404_to_every_client_is_rolled_back(
     # what clients saw: 404s from v2 only, while it was the canary; nothing else failed
     rollout = load.snapshot(start)
     failed = [r for r in rollout if r.kind != "ok"]
-    assert failed and all(r.kind == "http_4xx" and r.code == 404 and r.revision == v2 for r in failed)
+    kinds = {(r.kind, r.code, r.revision, r.error) for r in failed}
+    assert failed and all(r.kind == "http_4xx" and r.code == 404 and r.revision == v2 for r in failed), kinds
     after = [r for r in load.snapshot(decided + SETTLE_S)]
     assert after and all(r.code == 200 and r.revision == v1 for r in after), after[:3]
     REPORT["revision_answering_404"] = {
@@ -166,14 +166,6 @@ def test_an_unreachable_prometheus_never_promotes_even_with_on_no_data_pass_and_
     finally:
         load.stop()
     assert set(load.by_kind()) == {"ok"}, load.by_kind()  # the canary was good: no client failed
-
-
-@pytest.fixture
-def garbage() -> Iterator[GarbagePrometheus]:
-    p = GarbagePrometheus()
-    yield p
-    p.server.shutdown()
-    p.server.server_close()
 
 
 def test_a_prometheus_answering_garbage_never_promotes_and_pauses(
@@ -265,14 +257,6 @@ def test_the_stable_deployment_deleted_after_a_rollback_is_recreated_and_the_bad
 # ---------------------------------------------------------------------------------------------- hanging
 
 
-@pytest.fixture
-def dripping() -> Iterator[DrippingPrometheus]:
-    p = DrippingPrometheus()
-    yield p
-    p.stop.set()
-    p.sock.close()
-
-
 def test_a_dripping_prometheus_stops_nothing_else(
     kube: Kube, operator: Any, namespace: str, dripping: DrippingPrometheus
 ) -> None:
@@ -301,6 +285,19 @@ def test_a_dripping_prometheus_stops_nothing_else(
         what="the fresh ModelDeployment's Deployment within 10 s",
     )
     created = time.monotonic() - t0
+
+    # ... and its pods (the ReplicaSet's, bound by the scheduler) within the same 10 s
+    def scheduled() -> bool:
+        pods = kube.pods(ns, "modeldeploy.io/name=fresh")
+        return bool(pods) and all(p["spec"].get("nodeName") for p in pods)
+
+    wait_for(
+        scheduled,
+        timeout=max(0.1, 10 - (time.monotonic() - t0)),
+        interval=0.1,
+        what="the fresh ModelDeployment's pod scheduled within 10 s",
+    )
+    pods_after = time.monotonic() - t0
     # a manual abort of one of the waiting canaries takes effect at once
     t0 = time.monotonic()
     r = plugin(kube, "abort", "hang0", "-n", ns)
@@ -321,6 +318,7 @@ def test_a_dripping_prometheus_stops_nothing_else(
     assert err["error"].startswith("timeout:") and st["step"] == 0
     REPORT["prometheus_dripping_10_canaries"] = {
         "fresh_deployment_after_s": round(created, 2),
+        "fresh_pods_scheduled_after_s": round(pods_after, 2),
         "abort_effective_after_s": round(aborted, 2),
         "outcome": "held (timeout errors), never passed",
     }
