@@ -12,7 +12,8 @@ The resync also runs :data:`RELIST_SETTLE` seconds after a watch of children lis
 (:meth:`Resyncer.relisted`, called by the operator for every listed object): kopf relists after a 410
 (the watch's resourceVersion was too old, e.g. after an apiserver restart) and at its start, and a
 listing only adds to the indices: the resync finds what was deleted while the watch was down, at once
-instead of up to a period later.
+instead of up to a period later. A relist that finds no child at all replays nothing and asks for
+nothing: the periodic resync repairs that case.
 
 A LIST that fails is logged, counted (``modeldeploy_resyncs_total{kind,result="error"}``) and tried again
 at the next period; nothing raises out of the resync thread. The LISTs are counted in
@@ -90,8 +91,9 @@ class Resyncer:
 
     # -------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        """Start the resync thread (not when ``period`` is 0). The first resync comes one period after
-        the start: kopf's initial listing has just filled the cache."""
+        """Start the resync thread (not when ``period`` is 0). The first periodic resync comes one period
+        after the start; kopf's initial listing replays its children through :meth:`relisted` too, which
+        asks for one resync :data:`RELIST_SETTLE` seconds after it (one LIST per kind)."""
         if self.period <= 0 or self._thread is not None:
             return
         self._thread = threading.Thread(target=self._run, name="modeldeploy-resync", daemon=True)

@@ -317,3 +317,19 @@ async def test_head_is_served_as_get_and_a_wrong_method_names_the_allowed_one(cl
     assert r.status_code == 405 and r.json() == {"error": "use POST for infer"}
     assert (await client.get("/v2/")).json()["name"] == "modelserver"
     assert (await client.get("/v2/models/echo/versions/3/stats")).json()["model"] == "echo"
+
+
+async def test_a_gzip_bomb_is_a_413_with_an_error_body(client, monkeypatch):
+    """64 MiB of zeros compressed to about 64 KiB: refused with 413 once the inflated size passes the
+    body cap (lowered here to keep the test small), never inflated whole."""
+    import modelserver.app as app_module
+
+    monkeypatch.setattr(app_module, "MAX_BODY", 1024 * 1024)
+    r = await client.post(
+        "/v2/models/echo/infer",
+        content=gzip.compress(bytes(64 * 1024 * 1024), compresslevel=1),
+        headers={"Content-Encoding": "gzip"},
+    )
+    assert r.status_code == 413 and "inflates to more than" in r.json()["error"]
+    ok = await client.post("/v2/models/echo/infer", json=body(["after"]))
+    assert ok.status_code == 200  # the server is unharmed
