@@ -1088,13 +1088,11 @@ def _step(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | No
     ``progressDeadline`` (never silently forever), except while paused."""
     if cs.shadow is not None:
         return cs, None
+    if cs.started is not None:
+        return replace(cs, waiting=None), None
     ro, now = ctx.rollout, ctx.now
     c_pods, _ = _split(ctx, cs.step)
     have = ctx.counts.get(ctx.current, RevisionCounts())
-    if cs.started is not None:
-        if have.in_traffic >= c_pods:
-            return replace(cs, waiting=None), None
-        cs = _pods_lost(ctx, cs, have.in_traffic, c_pods)
     if have.in_traffic >= c_pods:
         return replace(cs, started=now, waiting=None), None
     cs = replace(cs, waiting=cs.waiting or now)
@@ -1111,24 +1109,6 @@ def _step(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | No
         return cs, RollBack("Aborted", reason)
     ctx.at(deadline)
     return cs, None
-
-
-def _pods_lost(ctx: Rollout, cs: CanaryStep, have: int, want: int) -> CanaryStep:
-    """The step's canary pods left traffic after it started (their node lost, a pod restarted): its
-    windows would measure no canary traffic and hold on no data until ``noDataTimeout`` rolled a sound
-    revision back. The step waits for its pods again instead: its clock and the no-data clock start over
-    once they are back, and ``progressDeadline`` bounds the wait."""
-    weight = ctx.rollout.steps[cs.step]
-    ctx.events.append(
-        Event(
-            "Warning",
-            "CanaryPodsLost",
-            f"revision {ctx.current}: {have}/{want} canary pods in traffic at step {cs.step} ({weight}%); "
-            f"the step waits for them (progressDeadline {ctx.rollout.progress_deadline})",
-        )
-    )
-    analysis = cs.analysis.model_copy(update={"no_data_since": None}) if cs.analysis else None
-    return replace(cs, started=None, waiting=ctx.now, analysis=analysis)
 
 
 def _judging(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
@@ -1187,9 +1167,6 @@ def _progressing(ctx: Rollout, cs: CanaryStep) -> Decision:
     stable, current, ro = ctx.stable, ctx.current, ctx.rollout
     steps, weight = ro.steps, ro.steps[cs.step]
     c_pods, s_in = _split(ctx, cs.step)
-    # capacity never drops: while canary pods are missing from traffic (starting, lost with their node),
-    # stable pods stand in for them -- at 100 % too, where the stable otherwise has none in traffic
-    s_in = max(s_in, ctx.replicas - min(ctx.in_traffic(current), c_pods))
     warm = ctx.warm_previous(stable, current)
     previous = ctx.previous if warm else None
     targets = [
