@@ -606,8 +606,9 @@ class PodRunner:
             log.exception("pod runner %s/%s failed", self.ns, self.name)
             self._kill_all()
         finally:
-            self.volumes.remove()
+            # The scratch mount points go first: once the volumes are gone, nothing of the pod is left.
             shutil.rmtree(self.dir / "mnt", ignore_errors=True)
+            self.volumes.remove()
             self.agent.forget(self)
 
     def _tick(self) -> None:
