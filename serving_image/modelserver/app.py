@@ -35,7 +35,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
 from .batching import BatchingError
-from .errors import InvalidInput, NotFound, NotReady, PayloadTooLarge, ServerError, UnsupportedEncoding
+from .errors import (
+    InvalidInput,
+    NotFound,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+    ServerError,
+    UnsupportedEncoding,
+)
 from .inflate import ENCODINGS, inflate
 from .logs import request_id_var
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -282,6 +290,7 @@ class ModelServerApp(FastAPI):
         self.model_name = service.name  # (FastAPI's own ``version`` is the API's)
         self.model_version = service.version
         self.mirror = mirror
+        self._in_flight = 0  # infer requests between their first byte read and their answer
         self.load_task: asyncio.Task[None] | None = None
         self.watch_task: asyncio.Task[None] | None = None
         self.on_load_failure: Callable[[BaseException], None] | None = None
@@ -388,6 +397,19 @@ class ModelServerApp(FastAPI):
         return await self._infer(request, model_name, model_version)
 
     async def _infer(self, request: Request, name: str, version: str | None) -> Response:
+        """One infer request, counted against ``max_concurrent_requests`` from its first byte read to
+        its answer: beyond the limit a 503 with ``Retry-After`` before anything is read or decoded."""
+        limit = self.service.settings.max_concurrent_requests
+        if self._in_flight >= limit:
+            self.service.metrics.on_reject("overloaded")
+            raise Overloaded(f"{limit} requests in flight (max_concurrent_requests)", retry_after=1.0)
+        self._in_flight += 1
+        try:
+            return await self._infer_admitted(request, name, version)
+        finally:
+            self._in_flight -= 1
+
+    async def _infer_admitted(self, request: Request, name: str, version: str | None) -> Response:
         svc = self.service
         self._check_model(name, version)
         header_len = encoding = None

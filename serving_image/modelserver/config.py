@@ -119,6 +119,12 @@ class Settings(BaseSettings):
         5.0, ge=0, description="longest time the oldest queued item waits for a batch to fill"
     )
     max_queue_size: int = Field(1024, ge=1, description="maximum queued items; beyond it requests get 503")
+    max_concurrent_requests: int = Field(
+        256,
+        ge=1,
+        description="infer requests in flight at once (reading, decoding, queued); beyond it requests get"
+        " 503 with Retry-After",
+    )
     max_sequence_length: int = Field(
         0, ge=0, description="maximum tokens per text input (0 = the model's limit)"
     )

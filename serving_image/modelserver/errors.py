@@ -34,6 +34,13 @@ class UnsupportedEncoding(ServerError):
     reason = "encoding"
 
 
+class Overloaded(ServerError):
+    """More infer requests in flight than ``max_concurrent_requests``: 503 with ``Retry-After``."""
+
+    status = 503
+    reason = "overloaded"
+
+
 class NotReady(ServerError):
     status = 503
     reason = "not_ready"

@@ -33,7 +33,16 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 PADDING_BUCKETS = (1.0, 1.05, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 
-REJECT_REASONS = ("queue_full", "deadline", "timeout", "too_long", "draining", "not_ready")
+REJECT_REASONS = (
+    "queue_full",
+    "deadline",
+    "timeout",
+    "too_long",
+    "too_many_items",
+    "overloaded",
+    "draining",
+    "not_ready",
+)
 SHADOW_RESULTS = ("agree", "disagree", "error", "timeout", "dropped")
 SIMILARITY_BUCKETS = (0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 1.0)
 

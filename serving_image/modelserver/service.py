@@ -23,13 +23,32 @@ from .batching import (
     run_with_split,
 )
 from .config import Settings
-from .errors import InvalidInput, NotReady
+from .errors import InvalidInput, NotReady, PayloadTooLarge
 from .metrics import Metrics
 from .models.base import ServedModel
 
 log = logging.getLogger("modelserver.service")
 
 WARMUP_TOKENS = 2048
+#: inputs larger than this (bytes of text or tensor data) are preprocessed on a worker thread; smaller
+#: ones on the event loop, where a thread hop would cost more than the work
+OFF_LOOP_BYTES = 64 * 1024
+
+
+def item_count(inputs: dict[str, np.ndarray]) -> int:
+    """The items of a request: the largest leading dimension of its inputs."""
+    return max((a.shape[0] for a in inputs.values() if a.ndim > 0), default=1)
+
+
+def data_bytes(inputs: dict[str, np.ndarray]) -> int:
+    """The data size of a request's inputs: tensor bytes, and the text lengths of BYTES inputs."""
+    size = 0
+    for a in inputs.values():
+        if a.dtype == object:
+            size += sum(len(x) if isinstance(x, (bytes, str)) else 8 for x in a.flat)
+        else:
+            size += a.nbytes
+    return size
 
 
 class LRUCache:
@@ -73,6 +92,8 @@ class ModelService:
         self.queue: BatchQueue | None = None
         self.worker: BatchWorker | None = None
         self.cache = LRUCache(settings.cache_size) if settings.cache_size > 0 else None
+        # one thread: large inputs are tokenized one at a time, next to the event loop
+        self._preprocessor = ThreadPoolExecutor(1, thread_name_prefix="preprocess")
         self._batch_count = 0
         self.load_seconds = 0.0
 
@@ -153,6 +174,7 @@ class ModelService:
         self.begin_drain()
         if self.worker is not None:
             await self.worker.join()
+        self._preprocessor.shutdown(wait=False)
         self.state = "stopped"
 
     # -- inference --------------------------------------------------------------------------------------
@@ -183,8 +205,18 @@ class ModelService:
     ) -> dict[str, np.ndarray]:
         self.check_admitting()
         prio = self._priority(priority)
+        n, limit = item_count(inputs), self.settings.max_queue_size
+        if n > limit:
+            # never admissible whatever the load: refused before any tokenizing
+            self.metrics.on_reject("too_many_items")
+            raise PayloadTooLarge(f"the request has {n} items; one request may hold at most {limit}")
         try:
-            prepared = self.model.preprocess(inputs)
+            if data_bytes(inputs) > OFF_LOOP_BYTES:
+                # a large input is tokenized on a worker thread: other requests are not stalled
+                loop = asyncio.get_running_loop()
+                prepared = await loop.run_in_executor(self._preprocessor, self.model.preprocess, inputs)
+            else:
+                prepared = self.model.preprocess(inputs)
         except Exception as e:
             reason = getattr(e, "reason", None)
             if reason == "too_long":

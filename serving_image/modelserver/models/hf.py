@@ -25,6 +25,7 @@ import numpy as np
 from ..batching import InputTooLong
 from ..errors import ModelLoadError
 from .base import ModelInfo, Prepared, ServedModel, TensorSpec, batch_size_of, texts_of
+from .wordcount import exceeds_words
 
 
 def is_hf_dir(path: Path) -> bool:
@@ -165,6 +166,14 @@ class HFModel(ServedModel):
     def preprocess(self, inputs: dict[str, np.ndarray]) -> list[Prepared]:
         batch_size_of(inputs, self.info.inputs)
         texts = texts_of(inputs["text"], "text")
+        if not self.truncate:
+            for i, text in enumerate(texts):
+                if exceeds_words(text, self.max_length):
+                    # refused before tokenizing: more words than tokens allowed (modelserver.models.wordcount)
+                    raise InputTooLong(
+                        f"input {i} has more than {self.max_length} words, more than the maximum sequence "
+                        f"length {self.max_length} tokens"
+                    )
         out = []
         encs = self.tokenizer.encode_batch(texts) if len(texts) > 1 else [self.tokenizer.encode(texts[0])]
         for i, enc in enumerate(encs):

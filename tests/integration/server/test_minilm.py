@@ -135,13 +135,22 @@ def test_bad_inputs_give_4xx_with_error(minilm_server, case):
 
 
 def test_too_long_input_names_the_limit(minilm_server):
-    long_text = " ".join(["word"] * 600)
-    body = (
-        b'{"inputs":[{"name":"text","shape":[1],"datatype":"BYTES","data":["' + long_text.encode() + b'"]}]}'
-    )
-    r = _infer_raw(minilm_server.url, body)
+    def infer(text: str) -> httpx.Response:
+        body = (
+            b'{"inputs":[{"name":"text","shape":[1],"datatype":"BYTES","data":["' + text.encode() + b'"]}]}'
+        )
+        return _infer_raw(minilm_server.url, body)
+
+    # 300 words, 600 tokens: refused by the tokenizer's count
+    r = infer(" ".join(["word,"] * 300))
     assert r.status_code == 413
     assert "602 tokens" in r.json()["error"] and "512" in r.json()["error"]
+    # 600 words: refused before tokenizing (more words than tokens allowed)
+    r = infer(" ".join(["word"] * 600))
+    assert r.status_code == 413
+    assert r.json()["error"] == (
+        "input 0 has more than 512 words, more than the maximum sequence length 512 tokens"
+    )
 
 
 def test_unknown_model_and_version_404(minilm_server, client):

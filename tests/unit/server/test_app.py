@@ -333,3 +333,84 @@ async def test_a_gzip_bomb_is_a_413_with_an_error_body(client, monkeypatch):
     assert r.status_code == 413 and "inflates to more than" in r.json()["error"]
     ok = await client.post("/v2/models/echo/infer", json=body(["after"]))
     assert ok.status_code == 200  # the server is unharmed
+
+
+async def test_a_request_with_more_items_than_the_queue_holds_is_a_413_before_preprocessing():
+    """Never admissible whatever the load: refused at once, nothing of it tokenized."""
+    client, svc = await make_client("--max-queue-size", "8")
+    seen: list[int] = []
+    preprocess = svc.model.preprocess
+    svc.model.preprocess = lambda inputs: seen.append(len(inputs["text"])) or preprocess(inputs)  # type: ignore[method-assign]
+    try:
+        r = await client.post("/v2/models/echo/infer", json=body(["x"] * 9))
+        assert r.status_code == 413 and r.json() == {
+            "error": "the request has 9 items; one request may hold at most 8"
+        }
+        assert seen == []
+        assert (await client.post("/v2/models/echo/infer", json=body(["x"] * 8))).status_code == 200
+        assert seen == [8]
+        metrics = (await client.get("/metrics")).text
+        assert 'reason="too_many_items",version="3"} 1.0' in metrics
+    finally:
+        await client.aclose()
+        await svc.drain()
+
+
+async def test_requests_beyond_max_concurrent_requests_get_503_with_retry_after():
+    """The limit counts requests from their first byte read to their answer; failed ones leave it."""
+    client, svc = await make_client("--max-concurrent-requests", "2")
+    app = client._transport.app  # type: ignore[attr-defined]
+    release = asyncio.Event()
+    infer = svc.infer
+
+    async def held(*args, **kw):
+        await release.wait()
+        return await infer(*args, **kw)
+
+    svc.infer = held  # type: ignore[method-assign]
+    try:
+        for _ in range(3):
+            assert (await client.post("/v2/models/other/infer", json=body(["x"]))).status_code == 404
+        assert app._in_flight == 0
+        first = [
+            asyncio.create_task(client.post("/v2/models/echo/infer", json=body([f"t{i}"]))) for i in (1, 2)
+        ]
+        for _ in range(200):
+            if app._in_flight == 2:
+                break
+            await asyncio.sleep(0.01)
+        r = await client.post("/v2/models/echo/infer", json=body(["third"]))
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json() == {"error": "2 requests in flight (max_concurrent_requests)"}
+        release.set()
+        answers = await asyncio.wait_for(asyncio.gather(*first), 5)
+        assert [a.status_code for a in answers] == [200, 200] and app._in_flight == 0
+        assert (await client.post("/v2/models/echo/infer", json=body(["later"]))).status_code == 200
+        assert 'reason="overloaded",version="3"} 1.0' in (await client.get("/metrics")).text
+    finally:
+        release.set()
+        await client.aclose()
+        await svc.drain()
+
+
+async def test_a_large_input_is_preprocessed_off_the_event_loop():
+    """Above OFF_LOOP_BYTES the tokenizing runs on the service's preprocess thread; small inputs do not
+    pay the thread hop."""
+    import threading
+
+    client, svc = await make_client()
+    threads: list[str] = []
+    preprocess = svc.model.preprocess
+
+    def spy(inputs):
+        threads.append(threading.current_thread().name)
+        return preprocess(inputs)
+
+    svc.model.preprocess = spy  # type: ignore[method-assign]
+    try:
+        assert (await client.post("/v2/models/echo/infer", json=body(["small"]))).status_code == 200
+        assert (await client.post("/v2/models/echo/infer", json=body(["x" * 70_000]))).status_code == 200
+        assert threads[0] == threading.current_thread().name and threads[1].startswith("preprocess")
+    finally:
+        await client.aclose()
+        await svc.drain()
