@@ -496,13 +496,15 @@ def condition_absent(status: ModelDeploymentStatus, type_: str) -> bool:
     return all(c.type != type_ for c in status.conditions)
 
 
-def error_status(md: ModelDeployment, message: str, now: datetime) -> ModelDeploymentStatus:
-    """The status after a failed reconcile: Degraded=True with the error, the rest as it was."""
+def error_status(
+    md: ModelDeployment, message: str, now: datetime, reason: str = "ReconcileError"
+) -> ModelDeploymentStatus:
+    """The status after a failed reconcile: Degraded=True with the error (``reason``), the rest as it was."""
     wanted = [
         ConditionSpec(c.type, c.status, c.reason, c.message)
         for c in md.status.conditions
         if c.type != DEGRADED
     ]
-    wanted.append(ConditionSpec(DEGRADED, "True", "ReconcileError", message))
+    wanted.append(ConditionSpec(DEGRADED, "True", reason, message))
     conditions = merge_conditions(md.status.conditions, wanted, md.generation, now)
     return md.status.model_copy(update={"conditions": conditions, "phase": "Degraded"})

@@ -324,6 +324,12 @@ class Reconciler:
         ignore = self._normalized.get((obj["kind"], ns, key[1]), frozenset())
         if not needs_apply(obj, current, ignore):
             return False
+        if current is None:
+            # not among our children: absent, or someone else's of the same name (the apply would take
+            # it over, and deleting the ModelDeployment would then garbage-collect it)
+            current = self.kube.get(BY_KIND[obj["kind"]], ns, key[1])
+        if current is not None and not owned_by(current, raw):
+            raise NameConflict(obj["kind"], key[1], current)
         drift = [] if current is None else mismatches(obj, current)
         try:
             answer = self.kube.apply(obj, FIELD_MANAGER)
@@ -493,13 +499,40 @@ class Reconciler:
         if isinstance(err, Conflict):
             return  # a newer version exists; it will be reconciled
         message = str(err)[:1000]
-        self.event(raw, EventSpec("Warning", "ReconcileError", message))
+        reason = getattr(err, "reason", None) if isinstance(err, NameConflict) else None
+        reason = reason or "ReconcileError"
+        self.event(raw, EventSpec("Warning", reason, message))
         try:
-            patch = status_patch(raw.get("status"), error_status(md, message, self.clock()))
+            patch = status_patch(raw.get("status"), error_status(md, message, self.clock(), reason))
             if patch is not None:
                 self.write_status(raw, patch)
         except Exception as e:
             log.debug("could not record the failure in status: %s", e)
+
+
+class NameConflict(RuntimeError):
+    """A child's name is taken by an object this ModelDeployment does not own: nothing is written to it."""
+
+    reason = "NameConflict"
+
+    def __init__(self, kind: str, name: str, existing: dict[str, Any]) -> None:
+        owners = [
+            f"{o.get('kind')} {o.get('name')}"
+            for o in existing.get("metadata", {}).get("ownerReferences") or []
+        ]
+        whose = f"owned by {', '.join(owners)}" if owners else "not owned by any object"
+        super().__init__(
+            f"{kind} {name} exists and is not this ModelDeployment's ({whose}); it is left as it is: delete "
+            f"or rename it, or rename the ModelDeployment"
+        )
+        self.kind, self.name = kind, name
+
+
+def owned_by(obj: dict[str, Any], owner: dict[str, Any]) -> bool:
+    """Whether ``owner`` (a ModelDeployment) is ``obj``'s controller, by uid."""
+    uid = owner["metadata"].get("uid")
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid and r.get("controller") for r in refs)
 
 
 class AutoscalerUnavailable(RuntimeError):

@@ -13,7 +13,7 @@ from md_fakekube import FakeKube
 from modeldeploy import builders as b
 from modeldeploy.api import ModelDeployment
 from modeldeploy.plan import Observed, plan
-from modeldeploy.reconciler import Reconciler
+from modeldeploy.reconciler import NameConflict, Reconciler
 from modeldeploy.status import normalize
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -229,6 +229,51 @@ def test_objects_not_owned_are_left_alone(world):
     rec.reconcile("default", "minilm")
     assert fake.obj("Service", "hand-made") is not None
     assert not [w for w in fake.writes if w[2] == "hand-made"]
+
+
+@pytest.mark.parametrize("labelled", [False, True])
+def test_an_object_of_the_same_name_that_is_not_ours_is_never_taken_over(world, labelled):
+    """A Service ``minilm`` that this ModelDeployment does not own (made by hand, or by another tool;
+    with our labels or without): nothing is written to it -- no selector, no ownerReference that would
+    make deleting the ModelDeployment garbage-collect it. Degraded (reason NameConflict) and a Warning
+    Event say whose it is; once it is gone the ModelDeployment creates its own."""
+    fake, rec, _ = world
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": "minilm",
+            "namespace": "default",
+            "labels": {b.LABEL_NAME: "minilm"} if labelled else {"app": "payments"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": "payments",
+                    "uid": "p-1",
+                    "controller": True,
+                }
+            ],
+        },
+        "spec": {"selector": {"app": "payments"}, "ports": [{"port": 80}]},
+    }
+    fake.put(theirs)
+    before = copy.deepcopy(fake.obj("Service", "minilm"))
+    with pytest.raises(NameConflict):
+        rec.reconcile("default", "minilm")
+    assert fake.obj("Service", "minilm") == before
+    assert not [w for w in fake.writes if w[1] == "Service" and w[2] == "minilm"]
+    degraded = cond(fake, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "NameConflict"
+    assert degraded["message"].startswith(
+        "Service minilm exists and is not this ModelDeployment's (owned by Deployment payments)"
+    )
+    assert [e["type"] for e in fake.events if e["reason"] == "NameConflict"] == ["Warning"]
+    fake.objects.pop(("Service", "default", "minilm"))
+    settle(fake, rec)
+    ours = fake.obj("Service", "minilm")
+    assert ours is not None and ours["metadata"]["ownerReferences"][0]["uid"] == "md-uid-1"
+    assert cond(fake, "Degraded")["status"] == "False"
 
 
 # ---------------------------------------------------------------------------------------------- revisions
