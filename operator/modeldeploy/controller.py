@@ -174,6 +174,7 @@ class Controller:
         self._failures.pop(key, None)
         self.known.discard(key)
         metrics.MANAGED.set(len(self.known))
+        metrics.forget(*key)
 
     def note(self, key: Key) -> None:
         if key not in self.known:

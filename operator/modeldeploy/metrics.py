@@ -88,6 +88,17 @@ RESYNC_REPAIRED = Counter(
 )
 
 
+#: the series labelled with one ModelDeployment (namespace, name)
+PER_MODELDEPLOYMENT = (CANARY_WEIGHT, ANALYSIS_VALUE, FALLBACK_ACTIVE)
+
+
+def forget(namespace: str, name: str) -> None:
+    """Remove a deleted ModelDeployment's series: a cluster where many teams come and go does not keep
+    a series for every ModelDeployment that ever was."""
+    for gauge in PER_MODELDEPLOYMENT:
+        gauge.remove_by_labels({"namespace": namespace, "name": name})
+
+
 def serve(port: int, addr: str) -> None:
     """Serve /metrics in a background thread (port 0 disables it)."""
     if port:

@@ -201,6 +201,7 @@ class Reconciler:
         raw = self.kube.get(MODELDEPLOYMENT, namespace, name)
         if raw is None or raw["metadata"].get("deletionTimestamp"):
             metrics.RECONCILES.labels(result="gone").inc()
+            metrics.forget(namespace, name)
             return Result()  # children go with it (owner references, garbage collection)
         try:
             md = ModelDeployment.from_api(raw)

@@ -75,18 +75,20 @@ controller.py, kube.py) and from kopf's watches; nothing else is called. No Secr
   resources: [modeldeployments/status]
   verbs: [patch]
 # Children, one Deployment per revision: kopf watches them (label-filtered), the reconciler lists them,
-# server-side applies them (a PATCH that may create: both create and patch) and deletes old revisions.
+# GETs one it is about to create (an object of that name that is not its own is left alone:
+# NameConflict), server-side applies them (a PATCH that may create: both create and patch) and deletes
+# old revisions.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # Children: the model's Service and per-revision Services; same calls as Deployments.
 - apiGroups: [""]
   resources: [services]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # Children: the model's PodDisruptionBudget; same calls as Deployments.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # Serving pods: watched and listed for readiness, per-revision counts and scheduling failures; patched
 # for the modeldeploy.io/shadow annotation (where a pod copies a sample of its requests: shadow stage).
 - apiGroups: [""]
@@ -96,24 +98,25 @@ controller.py, kube.py) and from kopf's watches; nothing else is called. No Secr
 - apiGroups: [""]
   resources: [pods/status]
   verbs: [patch]
-# Events about ModelDeployments, posted by the reconciler (core/v1 only; kopf's event posting is off).
+# Events about ModelDeployments, posted by the reconciler (core/v1 only; kopf's event posting is off);
+# patch: a repeat raises the first Event's count (client-go's aggregation)
 - apiGroups: [""]
   resources: [events]
-  verbs: [create]
+  verbs: [create, patch]
 {{- if .Values.rbac.gatewayAPI }}
 # Gateway API traffic routing (rollout.trafficRouting.mode gatewayAPI): kopf watches the HTTPRoutes
 # (label-filtered, so an edited or deleted route is repaired at once), the reconciler lists the
 # ModelDeployment's HTTPRoute, server-side applies its weights and deletes it when routing changes.
 - apiGroups: [gateway.networking.k8s.io]
   resources: [httproutes]
-  verbs: [list, watch, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 {{- end }}
 {{- if .Values.rbac.keda }}
 # spec.autoscaling: the reconciler lists, server-side applies and deletes the ModelDeployment's KEDA
 # ScaledObject (KEDA's own HPA then writes spec.replicas through the scale subresource).
 - apiGroups: [keda.sh]
   resources: [scaledobjects]
-  verbs: [list, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 {{- end }}
 {{- end -}}
 

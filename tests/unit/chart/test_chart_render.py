@@ -16,12 +16,12 @@ from chart_render import CHART, CI_VALUES, by_kind, helm, one, render, rule_tabl
 NAMESPACED_RULES = {
     ("modeldeploy.io", "modeldeployments"): {"get", "list", "watch", "patch"},
     ("modeldeploy.io", "modeldeployments/status"): {"patch"},
-    ("apps", "deployments"): {"list", "watch", "create", "patch", "delete"},
-    ("", "services"): {"list", "watch", "create", "patch", "delete"},
-    ("policy", "poddisruptionbudgets"): {"list", "watch", "create", "patch", "delete"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("", "services"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("policy", "poddisruptionbudgets"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "pods"): {"list", "watch", "patch"},
     ("", "pods/status"): {"patch"},
-    ("", "events"): {"create"},
+    ("", "events"): {"create", "patch"},
 }
 CRD_WATCH = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 NEVER = {
@@ -267,14 +267,14 @@ def test_gateway_api_rights_only_when_enabled() -> None:
     key = ("gateway.networking.k8s.io", "httproutes")
     assert key not in rule_table(one(render(), "ClusterRole")["rules"])
     rules = rule_table(one(render("--set", "rbac.gatewayAPI=true"), "ClusterRole")["rules"])
-    assert rules[key] == {"list", "watch", "create", "patch", "delete"}
+    assert rules[key] == {"get", "list", "watch", "create", "patch", "delete"}
 
 
 def test_keda_rights_only_when_enabled() -> None:
     key = ("keda.sh", "scaledobjects")
     assert key not in rule_table(one(render(), "ClusterRole")["rules"])
     rules = rule_table(one(render("--set", "rbac.keda=true"), "ClusterRole")["rules"])
-    assert rules[key] == {"list", "create", "patch", "delete"}
+    assert rules[key] == {"get", "list", "create", "patch", "delete"}
 
 
 def test_httproutes_are_watched_only_with_the_rights_to() -> None:

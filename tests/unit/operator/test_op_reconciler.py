@@ -11,10 +11,12 @@ import pytest
 from md_canary import World
 from md_fakekube import FakeKube
 from modeldeploy import builders as b
+from modeldeploy import metrics
 from modeldeploy.api import ModelDeployment
 from modeldeploy.plan import Observed, plan
 from modeldeploy.reconciler import NameConflict, Reconciler
 from modeldeploy.status import normalize
+from prometheus_client import REGISTRY
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -381,6 +383,34 @@ def test_deleted_modeldeployment_is_not_reconciled(world):
     fake.objects.pop(("ModelDeployment", "default", "minilm"))
     assert rec.reconcile("default", "minilm").writes == 0
     assert fake.writes == []
+
+
+def series(name: str) -> list[dict[str, str]]:
+    """The label sets of the operator's series of metric ``name`` that belong to default/minilm."""
+    return [
+        s.labels
+        for m in REGISTRY.collect()
+        if m.name == name
+        for s in m.samples
+        if s.labels.get("namespace") == "default" and s.labels.get("name") == "minilm"
+    ]
+
+
+def test_a_deleted_modeldeployments_metric_series_are_removed(world):
+    """Many teams, many ModelDeployments over time: the per-ModelDeployment series go with them."""
+    fake, rec, _ = world
+    settle(fake, rec)
+    metrics.ANALYSIS_VALUE.labels(namespace="default", name="minilm", metric="error-rate").set(0.01)
+    metrics.ANALYSIS_VALUE.labels(namespace="default", name="other", metric="error-rate").set(0.02)
+    assert series("modeldeploy_canary_weight") and series("modeldeploy_analysis_value")
+    fake.objects.pop(("ModelDeployment", "default", "minilm"))
+    rec.reconcile("default", "minilm")
+    for name in ("modeldeploy_canary_weight", "modeldeploy_analysis_value", "modeldeploy_fallback_active"):
+        assert series(name) == [], name
+    others = [
+        s.labels for m in REGISTRY.collect() if m.name == "modeldeploy_analysis_value" for s in m.samples
+    ]
+    assert {"namespace": "default", "name": "other", "metric": "error-rate"} in others
 
 
 # ---------------------------------------------------------------------------------------------- plan
