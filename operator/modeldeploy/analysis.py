@@ -45,6 +45,7 @@ from datetime import datetime
 from typing import Literal
 
 from .api import AnalysisSpec, AnalysisStatus, Measurement, ShadowSpec, parse_duration
+from .promql_scope import render, scoped
 
 REQUESTS = "requests"
 ERROR_RATE = "error-rate"
@@ -95,19 +96,6 @@ class Judgement:
 def window(interval: str) -> str:
     """The PromQL range of one analysis window (``interval`` as whole seconds, at least 2s)."""
     return f"{max(2, math.ceil(parse_duration(interval)))}s"
-
-
-def render(template: str, *, namespace: str, name: str, revision: str, interval: str) -> str:
-    """A custom metric's query with its ``{{...}}`` placeholders filled in."""
-    out = template
-    for key, value in (
-        ("namespace", namespace),
-        ("name", name),
-        ("revision", revision),
-        ("interval", interval),
-    ):
-        out = out.replace("{{" + key + "}}", value).replace("{{ " + key + " }}", value)
-    return out
 
 
 def _selector(namespace: str, name: str, revision: str, extra: str = "") -> str:
@@ -236,6 +224,8 @@ def build_queries(
         out.append(Query(AGREEMENT, agreement, spec.min_agreement, "min", revision))
     for m in spec.metrics:
         q = render(m.query, namespace=namespace, name=name, revision=revision, interval=win)
+        # what Prometheus runs is the checked expression (ModelDeployment.from_api refused the rest)
+        q = scoped(q, namespace)
         if m.max is not None:
             out.append(Query(m.name, q, m.max, "max", revision))
         else:

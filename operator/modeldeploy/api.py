@@ -17,8 +17,11 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from .promql_scope import ScopeError, render, scoped
 
 GROUP = "modeldeploy.io"
 VERSION = "v1alpha1"
@@ -473,7 +476,13 @@ class MetricCheck(_Model):
     """
 
     name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    query: str = Field(min_length=1, max_length=4096)
+    query: str = Field(
+        min_length=1,
+        max_length=4096,
+        description='PromQL; may use {{namespace}}, {{name}}, {{revision}}, {{interval}}. Every selector must'
+        ' carry namespace="{{namespace}}": a query that could read another namespace is refused (the'
+        " ModelDeployment is reported InvalidSpec).",
+    )
     max: float | None = Field(default=None, description="Fail when the value is above.")
     min: float | None = Field(default=None, description="Fail when the value is below.")
 
@@ -1034,6 +1043,27 @@ class ModelDeployment(BaseModel):
         md = cls.model_validate(
             {**obj, "status": obj.get("status") or {}},
         )
+        _check_query_scope(md)
         if md.spec.image is None:
             md.spec = md.spec.model_copy(update={"image": default_image()})
         return md
+
+
+def _check_query_scope(md: ModelDeployment) -> None:
+    """Every custom analysis query reads the ModelDeployment's own namespace only (modeldeploy.promql_scope);
+    a ValidationError naming the field otherwise, as for any invalid spec."""
+    errors: list[InitErrorDetails] = []
+    for i, m in enumerate(md.spec.rollout.analysis.metrics):
+        rendered = render(m.query, namespace=md.namespace, name=md.name, revision="0" * 10, interval="1m")
+        try:
+            scoped(rendered, md.namespace)
+        except ScopeError as e:
+            errors.append(
+                InitErrorDetails(
+                    type=PydanticCustomError("query_scope", "{why}", {"why": str(e)}),
+                    loc=("spec", "rollout", "analysis", "metrics", i, "query"),
+                    input=m.query,
+                )
+            )
+    if errors:
+        raise ValidationError.from_exception_data(KIND, errors)

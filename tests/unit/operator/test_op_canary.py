@@ -202,7 +202,7 @@ def test_custom_metric_template_and_min_threshold():
                 "metrics": [
                     {
                         "name": "batch-fill",
-                        "query": 'avg(x{namespace="{{namespace}}",rev="{{revision}}",'
+                        "query": 'avg_over_time(x{namespace="{{namespace}}",rev="{{revision}}",'
                         'n="{{name}}"}[{{interval}}])',
                         "min": 0.5,
                     }
@@ -217,7 +217,7 @@ def test_custom_metric_template_and_min_threshold():
     w.run_for(10)
     h = w.status["history"][-1]
     assert h["outcome"] == "RolledBack"
-    assert h["measurement"]["query"] == f'avg(x{{namespace="default",rev="{new}",n="minilm"}}[10s])'
+    assert h["measurement"]["query"] == f'avg_over_time(x{{namespace="default",rev="{new}",n="minilm"}}[10s])'
     assert h["measurement"]["threshold"] == 0.5
 
 
