@@ -56,6 +56,7 @@ test: deps lint
 	$(PYTEST) tests/integration
 	$(PYTEST) tests/e2e
 	$(PYTEST) tests/chaos
+	$(PYTEST) tests/security
 	$(E2E_CHART)
 
 test-unit: venv binaries

@@ -18,6 +18,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -291,6 +292,8 @@ class ModelServerApp(FastAPI):
         self.model_version = service.version
         self.mirror = mirror
         self._in_flight = 0  # infer requests between their first byte read and their answer
+        # compressed bodies are inflated on this one thread, one at a time
+        self._inflater = ThreadPoolExecutor(1, thread_name_prefix="inflate")
         self.load_task: asyncio.Task[None] | None = None
         self.watch_task: asyncio.Task[None] | None = None
         self.on_load_failure: Callable[[BaseException], None] | None = None
@@ -369,6 +372,7 @@ class ModelServerApp(FastAPI):
             self.watch_task = loop.create_task(self.mirror.watch(Path(shadow_file)))
         yield
         await self.service.drain()
+        self._inflater.shutdown(wait=False)
         if self.watch_task is not None:
             self.watch_task.cancel()
         if self.mirror is not None:
@@ -421,7 +425,9 @@ class ModelServerApp(FastAPI):
         body = await read_body(request.receive)
         if encoding in ENCODINGS:
             # capped and off the event loop: a compression bomb is a 413, never an OOM or a stall
-            body = await asyncio.to_thread(inflate, body, encoding, MAX_BODY)
+            # on the one inflate thread: however many bombs arrive at once, one inflated buffer is held
+            loop = asyncio.get_running_loop()
+            body = await loop.run_in_executor(self._inflater, inflate, body, encoding, MAX_BODY)
         elif encoding not in (None, "identity"):
             raise UnsupportedEncoding(f"unsupported content-encoding {encoding}")
         svc.check_admitting()

@@ -4,8 +4,9 @@
 server reads, ``MAX_BODY``) inflates to about 64 GiB and kills the pod. :func:`inflate` inflates in steps
 of :data:`STEP` bytes and refuses with 413 (``PayloadTooLarge``) as soon as the output passes ``limit``,
 so what is held is bounded by ``limit``, a step and the body (its unconsumed tail), not by what the
-body would inflate to; the server calls it off the event loop
-(``asyncio.to_thread``), so a large legitimate body does not stall other requests either.
+body would inflate to; the server calls it off the event loop, on one thread of its own (so however
+many compressed bodies arrive at once, one inflated buffer is held), and a large legitimate body does not
+stall other requests either.
 
 gzip bodies may hold several members (``gzip.decompress`` accepts them, and so does this); ``deflate``
 is the zlib-wrapped stream of RFC 9110. A truncated or corrupt stream is a 400 (``InvalidInput``).

@@ -30,7 +30,15 @@ def minilm_dir() -> Path:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], log_path: Path, name: str = "m", version: str = "1") -> None:
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        name: str = "m",
+        version: str = "1",
+        prefix: list[str] | None = None,
+    ) -> None:
+        """``prefix``: what the server runs under (a memory cgroup, for the security tests)."""
         self.port = free_port()
         self.name = name
         self.version = version
@@ -53,7 +61,9 @@ class ServerProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MODELSERVER_")}
         env["HF_HUB_OFFLINE"] = "1"
         self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(self.args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            [*(prefix or []), *self.args], stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT) -> None:
         deadline = time.monotonic() + timeout
