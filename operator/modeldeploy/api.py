@@ -479,7 +479,7 @@ class MetricCheck(_Model):
     query: str = Field(
         min_length=1,
         max_length=4096,
-        description='PromQL; may use {{namespace}}, {{name}}, {{revision}}, {{interval}}. Every selector must'
+        description="PromQL; may use {{namespace}}, {{name}}, {{revision}}, {{interval}}. Every selector must"
         ' carry namespace="{{namespace}}": a query that could read another namespace is refused (the'
         " ModelDeployment is reported InvalidSpec).",
     )

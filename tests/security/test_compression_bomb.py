@@ -1,8 +1,9 @@
 """Compression bombs against a MiniLM server in a 1 GiB memory limit (issue 24, finding 5), as a pod with
 ``resources.limits.memory: 1Gi`` would run it: a gzip body that inflates to 2 GiB, then twelve at once.
-Every bomb is refused with 413 and ``{"error"}``, the process is never OOM-killed, its resident memory grows
-by less than 256 MiB (one inflated body at a time), and it answers the next client. On 3a6c150^ (the body inflated whole with ``gzip.decompress``) the first bomb got the server
-OOM-killed (the client saw the connection drop): measured with this test, see docs/security.md."""
+Every bomb is refused with 413 and ``{"error"}``, the process is never OOM-killed, its resident memory
+grows by less than 256 MiB (one inflated body at a time), and it answers the next client. On 3a6c150^
+(the body inflated whole with ``gzip.decompress``) the first bomb got the server OOM-killed (the client
+saw the connection drop): measured with this test, see docs/security.md."""
 
 from __future__ import annotations
 
