@@ -1167,6 +1167,11 @@ def _progressing(ctx: Rollout, cs: CanaryStep) -> Decision:
     stable, current, ro = ctx.stable, ctx.current, ctx.rollout
     steps, weight = ro.steps, ro.steps[cs.step]
     c_pods, s_in = _split(ctx, cs.step)
+    if s_in == 0:
+        # at 100 % the stable has no pod in traffic of its own: its pods stand in for the canary pods that
+        # are not (yet, or no longer: their node lost) in traffic, so the Service never runs out of
+        # endpoints. Below 100 % the stable keeps a pod in traffic: missing canary pods cost capacity only
+        s_in = ctx.replicas - min(ctx.in_traffic(current), c_pods)
     warm = ctx.warm_previous(stable, current)
     previous = ctx.previous if warm else None
     targets = [

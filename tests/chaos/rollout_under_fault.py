@@ -53,21 +53,30 @@ def decisions(st: dict[str, Any], revision: str) -> list[str]:
     return [h["outcome"] for h in st.get("history", []) if h["revision"] == revision]
 
 
+def md(version: str, uri: str, node: str | None) -> dict[str, Any]:
+    body = noop_md(NAME, version, uri, replicas=2)
+    if node:
+        body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return body
+
+
 def play(
     kube: Kube,
     ns: str,
     fault: Callable[[], None],
     report: dict[str, Any],
     scenario: str,
+    nodes: tuple[str | None, str | None] = (None, None),
 ) -> dict[str, Any]:
     """v1 stable, v2 (good) canaried under load; ``fault`` is played once v2's first step has started.
-    What clients saw and where the rollout ended go to ``report[scenario]`` and are returned."""
-    kube.apply(noop_md(NAME, "1", GOOD, replicas=2), ns)
+    ``nodes``: the node each revision's pods are pinned to (None: any). What clients saw and where the
+    rollout ended go to ``report[scenario]`` and are returned."""
+    kube.apply(md("1", GOOD, nodes[0]), ns)
     v1 = stable_on(kube, ns, "1")
     load = LoadGenerator(kube, ns, NAME, max_seconds=300).wait_serving().start()
     try:
         started = time.monotonic()
-        kube.apply(noop_md(NAME, "2", GOOD + "&rev=2", replicas=2), ns)
+        kube.apply(md("2", GOOD + "&rev=2", nodes[1]), ns)
         v2 = wait_for(lambda: (r := status(kube, ns).get("revision")) != v1 and r, timeout=30, what="v2")
         wait_for(
             lambda: status(kube, ns).get("stepStartedAt") and status(kube, ns).get("canaryRevision") == v2,

@@ -59,7 +59,9 @@ def test_good_revision_is_promoted_through_every_step_with_warm_previous():
         if st["stableRevision"] == new:
             break
     steps = [s for s in dict.fromkeys(seen) if s[0] is not None]
-    assert steps == [(0, 25, 33), (1, 50, 50), (2, 100, 100)]
+    # at 100 % the second canary pod has to start: a stable pod stands in for it meanwhile (50 %), so the
+    # capacity in traffic never drops below the replicas
+    assert steps == [(0, 25, 33), (1, 50, 50), (2, 100, 50), (2, 100, 100)]
     assert w.prom.windows(new) == 3  # exactly one judged window per step
     st = w.status
     assert st["stableRevision"] == new and "canaryRevision" not in st
@@ -238,6 +240,42 @@ def test_no_data_holds_then_fails_after_the_timeout():
     st = w.status
     assert st["stableRevision"] == old and st["history"][-1]["outcome"] == "RolledBack"
     assert "noDataTimeout" in st["history"][-1]["reason"]
+
+
+def lose_pods(w: World, revision: str, lost: bool = True) -> None:
+    """The node holding ``revision``'s pods is lost (kube-controller-manager marks them not ready) or back."""
+    for p in w.pods(revision):
+        for c in p["status"]["conditions"]:
+            if c["type"] == "ContainersReady":
+                c["status"] = "False" if lost else "True"
+
+
+@pytest.mark.parametrize(("step", "stable_in"), [(0, 2), (1, 1), (2, 2)])
+def test_canary_pods_lost_mid_step_hold_the_step_and_the_stable_keeps_serving(step, stable_in):
+    """A canary whose pods leave traffic mid-step (their node went NotReady) gets no traffic: its windows
+    are no data and hold (nothing judged on no traffic). Below 100 % the stable keeps its share; at 100 %,
+    where it had no pod in traffic, its pods stand in for the lost canary pods -- the Service never runs
+    out of endpoints. Once the pods are back the step goes on and the revision is promoted."""
+    w = World(canary_md(progressDeadline="10m"))
+    old = w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    while w.status.get("step") != step or not w.status.get("stepStartedAt"):
+        w.run_for(1)
+    lose_pods(w, new)
+    w.prom.values[new] = {REQUESTS: 0.0}  # no canary traffic reaches Prometheus
+    w.run_for(60)
+    st = w.status
+    assert st["canaryRevision"] == new and st["step"] == step
+    assert w.in_traffic(new) == 0 and w.in_traffic(old) == stable_in
+    assert [h["outcome"] for h in st["history"]] == ["Deployed"]  # nothing judged on no traffic
+    assert "AnalysisHold" in w.event_reasons()
+    lose_pods(w, new, lost=False)
+    w.prom.values[new] = {}
+    w.run_for(120)
+    st = w.status
+    assert st["stableRevision"] == new
+    assert [h["outcome"] for h in st["history"]] == ["Deployed", "Promoted"]
 
 
 @pytest.mark.parametrize(("policy", "outcome"), [("pass", "step1"), ("fail", "RolledBack")])
