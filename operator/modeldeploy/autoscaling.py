@@ -2,7 +2,7 @@
 
 KEDA turns the ScaledObject into an HPA that targets the ModelDeployment's ``scale`` subresource: the HPA
 writes ``spec.replicas``, the operator splits those replicas between revisions by the canary step's
-weight (:func:`modeldeploy.canary.replica_split`), so the autoscaler and a rollout never fight over a
+weight (:func:`modeldeploy.traffic_split.replica_split`), so the autoscaler and a rollout never fight over a
 Deployment's replicas -- the operator owns every Deployment, the HPA owns one number.
 
 The serving signals come from the server's metrics contract, summed over every pod of the

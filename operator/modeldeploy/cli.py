@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .canary import COMMAND_ANNOTATION
 from .kube import MODELDEPLOYMENT, Kube, KubeError
+from .rollout_types import COMMAND_ANNOTATION
 
 
 def _age(ts: str | None, now: datetime) -> str:

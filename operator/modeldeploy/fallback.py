@@ -1,6 +1,6 @@
 """The CPU fallback (pure): when the GPU revision cannot serve, a CPU revision answers instead.
 
-:func:`adjust` takes the rollout's :class:`~modeldeploy.canary.Decision` and what was observed, and
+:func:`adjust` takes the rollout's :class:`~modeldeploy.rollout_types.Decision` and what was observed, and
 returns it with the fallback applied, plus the fallback's new status and events. States
 (``status.fallback.state``):
 
@@ -34,7 +34,7 @@ from .api import (
     ResourcesSpec,
     parse_duration,
 )
-from .canary import Decision, Event, Target
+from .rollout_types import Decision, Event, Target
 from .status import RevisionCounts
 
 RECHECK = timedelta(seconds=1)

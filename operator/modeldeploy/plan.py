@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from . import autoscaling, builders, canary, fallback, model_storage, routing
+from . import rollout_types as rt
 from .api import FallbackStatus, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, RevisionStatus
 from .status import (
     DEGRADED,
@@ -44,6 +45,7 @@ from .status import (
     phase_of,
     pod_facts,
 )
+from .traffic_split import achieved_weight, pod_gates
 
 
 @dataclass
@@ -58,8 +60,8 @@ class Observed:
     scaled_objects: list[dict[str, Any]] = field(default_factory=list)
 
 
-RevisionTarget = canary.Target
-EventSpec = canary.Event
+RevisionTarget = rt.Target
+EventSpec = rt.Event
 
 
 @dataclass(frozen=True)
@@ -127,9 +129,7 @@ def recorded_stable(md: ModelDeployment) -> ModelDeploymentSpec | None:
     return spec if builders.spec_revision(spec) == stable else None
 
 
-def rebuild_stable(
-    md: ModelDeployment, live_specs: dict[str, ModelDeploymentSpec | None]
-) -> canary.Event | None:
+def rebuild_stable(md: ModelDeployment, live_specs: dict[str, ModelDeploymentSpec | None]) -> rt.Event | None:
     """The stable revision's Deployment is missing (deleted by hand, pruned by GitOps) or its spec
     annotation no longer reads: its spec comes from status instead, so it is recreated and stays the
     stable one; never whatever Deployment happens to exist. Changes ``live_specs``; the event says so."""
@@ -141,7 +141,7 @@ def rebuild_stable(
         return None
     what = "had no Deployment" if stable not in live_specs else "had an unreadable Deployment"
     live_specs[stable] = spec
-    return canary.Event(
+    return rt.Event(
         "Warning", "StableRecreated", f"the stable revision {stable} {what}: rebuilt from status.stableSpec"
     )
 
@@ -149,7 +149,7 @@ def rebuild_stable(
 # ---------------------------------------------------------------------------------------------- plan
 
 
-def route_weight(decision: canary.Decision, counts: Mapping[str, RevisionCounts]) -> int | None:
+def route_weight(decision: rt.Decision, counts: Mapping[str, RevisionCounts]) -> int | None:
     """The canary's weight in the HTTPRoute: the requested one once a pod of the canary is Ready, 0
     before -- the route never weights a backend without a ready endpoint (a gateway would answer 503;
     KServe #5983)."""
@@ -158,7 +158,7 @@ def route_weight(decision: canary.Decision, counts: Mapping[str, RevisionCounts]
     return decision.weight if counts.get(decision.canary, RevisionCounts()).in_traffic > 0 else 0
 
 
-def header_canary(decision: canary.Decision, counts: Mapping[str, RevisionCounts]) -> str | None:
+def header_canary(decision: rt.Decision, counts: Mapping[str, RevisionCounts]) -> str | None:
     """The revision the route's canary header sends to: the canary while it is in traffic (a step, one of
     its pods Ready and in traffic), never during the shadow stage (its pods answer no client), nor
     before its first pod is Ready (a gateway would answer 503), nor after promotion or rollback (there is
@@ -181,7 +181,7 @@ def mirror_url(md: ModelDeployment, services: Sequence[Mapping[str, Any]], targe
 
 
 def shadow_annotations(
-    facts: Sequence[PodFacts], mirror: canary.Mirror | None, url: str | None
+    facts: Sequence[PodFacts], mirror: rt.Mirror | None, url: str | None
 ) -> list[tuple[str, str | None]]:
     """Pods whose ``modeldeploy.io/shadow`` annotation must change: the source revision's pods copy to the
     mirror's target, every other pod copies nowhere (terminating pods are left alone)."""
@@ -200,8 +200,8 @@ def plan(
     md: ModelDeployment,
     observed: Observed,
     now: datetime,
-    measure: canary.Measure | None = None,
-    probe: canary.Probe | None = None,
+    measure: rt.Measure | None = None,
+    probe: rt.Probe | None = None,
     prometheus_url: str | None = None,
 ) -> Plan:
     """Everything to do for one ModelDeployment (pure, given a pure ``measure`` and ``probe``).
@@ -270,7 +270,7 @@ def plan(
     ]
 
     # -- readiness gates: how many pods of each revision in traffic; who copies requests where
-    gates = canary.pod_gates(facts, targets)
+    gates = pod_gates(facts, targets)
     annotations = shadow_annotations(
         facts, mirror, mirror_url(md, services, mirror.target) if mirror else None
     )
@@ -280,7 +280,7 @@ def plan(
     )
     requeue = None
     if decision.requeue_at is not None:
-        requeue = max(canary.MIN_REQUEUE, (decision.requeue_at - now).total_seconds())
+        requeue = max(rt.MIN_REQUEUE, (decision.requeue_at - now).total_seconds())
     return Plan(
         revision=current,
         revisions=targets,
@@ -299,7 +299,7 @@ def plan(
 def compute_status(
     md: ModelDeployment,
     current: str,
-    decision: canary.Decision,
+    decision: rt.Decision,
     counts: Mapping[str, RevisionCounts],
     now: datetime,
     error: str | None = None,
@@ -333,7 +333,7 @@ def compute_status(
         else:
             canary_in = counts.get(decision.canary, RevisionCounts()).in_traffic
             stable_in = counts.get(decision.stable, RevisionCounts()).in_traffic
-            achieved = canary.achieved_weight(canary_in, stable_in) or 0
+            achieved = achieved_weight(canary_in, stable_in) or 0
 
     # -- conditions
     is_ready = in_traffic_total >= want

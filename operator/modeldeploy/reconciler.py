@@ -19,7 +19,6 @@ from . import metrics
 from .analysis import Judgement, Query, Sample, agreement_queries, judge, window
 from .api import API_VERSION, KIND, Condition, ModelDeployment, ModelDeploymentStatus, parse_duration
 from .builders import ANNOTATION_SHADOW, FIELD_MANAGER, LABEL_NAME, READINESS_GATE
-from .canary import COMMAND_ANNOTATION, AnalysisRequest
 from .childcache import ChildCache
 from .diff import Path, mismatches, needs_apply
 from .events import EventSink, PostNow
@@ -37,6 +36,7 @@ from .kube import (
     ResourceType,
 )
 from .plan import EventSpec, Observed, Plan, error_status, plan
+from .rollout_types import COMMAND_ANNOTATION, AnalysisRequest
 from .status import DEGRADED, ConditionSpec, merge_conditions, status_patch, utcnow
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ PROBE_REFRESH = 2.0
 
 
 class PrometheusProbe:
-    """The shadow stage's questions to Prometheus outside an analysis window (:class:`canary.Probe`):
+    """The shadow stage's questions to Prometheus outside an analysis window (:class:`rollout_types.Probe`):
     the newest finished answers, never a wait."""
 
     def __init__(self, measurements: Measurements, key: tuple[str, str], url: str, timeout: float) -> None:

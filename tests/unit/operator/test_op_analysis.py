@@ -21,9 +21,10 @@ from modeldeploy.analysis import (
     window,
 )
 from modeldeploy.api import AnalysisSpec, ModelDeployment
-from modeldeploy.canary import Target, pod_gates, replica_split
+from modeldeploy.rollout_types import Target
 from modeldeploy.routing import backend_weights, build_httproute
 from modeldeploy.status import PodFacts
+from modeldeploy.traffic_split import pod_gates, replica_split
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -7,7 +7,7 @@ import pytest
 from md_canary import World, canary_md
 from modeldeploy import autoscaling
 from modeldeploy.api import AutoscalingSpec, ModelDeployment
-from modeldeploy.canary import achieved_weight, replica_split
+from modeldeploy.traffic_split import achieved_weight, replica_split
 from pydantic import ValidationError
 
 AUTOSCALING = {"minReplicas": 1, "maxReplicas": 6, "metric": "queueWaitP90", "target": 0.05}

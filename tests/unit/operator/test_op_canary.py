@@ -11,7 +11,7 @@ from md_canary import World, canary_md
 from modeldeploy import builders as b
 from modeldeploy import metrics
 from modeldeploy.analysis import ERROR_RATE, P99, REQUESTS
-from modeldeploy.canary import COMMAND_ANNOTATION
+from modeldeploy.rollout_types import COMMAND_ANNOTATION
 
 
 def rollout_metric(result: str) -> float:

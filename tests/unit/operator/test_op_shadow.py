@@ -11,8 +11,8 @@ from md_canary import World, canary_md
 from modeldeploy import builders as b
 from modeldeploy.analysis import AGREEMENT, P99, SAMPLES, SHADOW_ERROR_RATE
 from modeldeploy.api import CompareSpec, ShadowSpec
-from modeldeploy.canary import COMMAND_ANNOTATION, Mirror, shadow_replicas
 from modeldeploy.plan import shadow_annotations
+from modeldeploy.rollout_types import COMMAND_ANNOTATION, Mirror, shadow_replicas
 from modeldeploy.status import pod_facts
 
 SHADOW = {"duration": "10s", "sampleRate": 0.2, "minSamples": 200, "minAgreement": 0.99}

@@ -10,7 +10,7 @@ import json
 from md_canary import World, canary_md
 from modeldeploy import builders as b
 from modeldeploy.analysis import CLIENT_ERRORS, REQUESTS
-from modeldeploy.canary import COMMAND_ANNOTATION
+from modeldeploy.rollout_types import COMMAND_ANNOTATION
 
 
 def command(w: World, **cmd) -> None:

@@ -1,0 +1,69 @@
+"""How many pods of each revision are in traffic (pure): the replica split of a canary step, the
+achieved weight, and the readiness-gate flips that make it so (part of :mod:`modeldeploy.canary`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .rollout_types import Target
+from .status import PodFacts
+
+
+def replica_split(replicas: int, weight: int) -> tuple[int, int]:
+    """(canary pods, stable pods in traffic) whose share ``c / (c + s)`` is closest to ``weight`` %.
+
+    At least one pod of each below 100 %, at most ``replicas`` of each, together at least ``replicas``
+    (capacity never drops during a canary); ties go to fewer canary pods.
+    """
+    if replicas <= 0:
+        return 0, 0
+    if weight >= 100:
+        return replicas, 0
+    if weight <= 0:
+        return 0, replicas
+    best: tuple[float, int, int, int] | None = None
+    for c in range(1, replicas + 1):
+        for s in range(1, replicas + 1):
+            if c + s < replicas:
+                continue
+            err = abs(100 * c / (c + s) - weight)
+            key = (round(err, 9), c, -s, s)
+            if best is None or key < best:
+                best = key
+    assert best is not None
+    return best[1], best[3]
+
+
+def gateway_canary_pods(replicas: int, weight: int) -> int:
+    return 0 if replicas <= 0 or weight <= 0 else max(1, math.ceil(replicas * weight / 100))
+
+
+def achieved_weight(canary_in: int, stable_in: int) -> int | None:
+    total = canary_in + stable_in
+    return round(100 * canary_in / total) if total else None
+
+
+def pod_gates(facts: Sequence[PodFacts], targets: Sequence[Target]) -> list[tuple[str, bool]]:
+    """Pods whose in-traffic condition must change so that each revision has ``in_traffic_pods`` in.
+
+    Pods already in traffic stay in (no churn), then ready pods, then by name; pods of revisions no
+    longer planned leave traffic at once; terminating pods are left alone.
+    """
+    wanted = {t.revision: t.in_traffic_pods for t in targets}
+    by_rev: dict[str, list[PodFacts]] = {}
+    for p in facts:
+        if p.terminating or p.revision is None:
+            continue
+        by_rev.setdefault(p.revision, []).append(p)
+    out: list[tuple[str, bool]] = []
+    for rev, pods in by_rev.items():
+        order = sorted(pods, key=lambda p: (p.gate != "True", not p.containers_ready, p.name))
+        k = wanted.get(rev, 0)  # a revision on its way out leaves traffic before its pods stop
+        for i, p in enumerate(order):
+            want = i < k
+            if rev not in wanted and p.gate != "True":
+                continue  # not ours to gate (a stray pod): only ever taken out of traffic
+            if p.gate != ("True" if want else "False"):
+                out.append((p.name, want))
+    return sorted(out)
