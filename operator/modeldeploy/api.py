@@ -11,141 +11,165 @@ Field names are camelCase on the wire (aliases) and snake_case in Python.
 
 from __future__ import annotations
 
-import itertools
-import os
 import re
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic.alias_generators import to_camel
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from .api_base import (
+    API_VERSION,
+    CATEGORIES,
+    CONDITION_TYPE_PATTERN,
+    DEFAULT_IMAGE,
+    DURATION_PATTERN,
+    GROUP,
+    KIND,
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
+    MAX_NAME_LENGTH,
+    NAME_PATTERN,
+    PLURAL,
+    PVC_URI_PATTERN,
+    QUANTITY_PATTERN,
+    S3_URI_PATTERN,
+    SHORT_NAMES,
+    SINGULAR,
+    URI_PATTERN,
+    VERSION,
+    ApiModel,
+    Duration,
+    Quantity,
+    cel_rule,
+    cel_validations,
+    check_quantity,
+    default_image,
+    default_of,
+    parse_duration,
+)
+from .api_rollout import (
+    AnalysisSpec,
+    AutoscalingSpec,
+    CompareSpec,
+    FallbackModelSpec,
+    FallbackSpec,
+    GatewayAPISpec,
+    HeaderMatch,
+    KeepPreviousSpec,
+    MetricCheck,
+    ParentRef,
+    RolloutSpec,
+    ShadowSpec,
+    TrafficRoutingSpec,
+)
+from .api_status import (
+    HISTORY_LIMIT,
+    AnalysisStatus,
+    Condition,
+    ConditionStatus,
+    FallbackStatus,
+    HistoryEntry,
+    HistoryKind,
+    HistoryOutcome,
+    Measurement,
+    ModelDeploymentStatus,
+    Phase,
+    RevisionStatus,
+    Role,
+    ShadowStatus,
+    StatusModel,
+)
 from .promql_scope import ScopeError, render, scoped
 
-GROUP = "modeldeploy.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "ModelDeployment"
-PLURAL = "modeldeployments"
-SINGULAR = "modeldeployment"
-SHORT_NAMES = ["md"]
-CATEGORIES = ["modeldeploy"]
-
-DEFAULT_IMAGE = "modeldeploy/modelserver:dev"
-
-
-def default_image() -> str:
-    """The image of ModelDeployments that set none: ``$MODELDEPLOY_DEFAULT_IMAGE`` or DEFAULT_IMAGE."""
-    return os.environ.get("MODELDEPLOY_DEFAULT_IMAGE") or DEFAULT_IMAGE
-
-
-#: a ModelDeployment's name becomes part of ``<name>-<revision>`` Service names (DNS-1035, 63 chars)
-MAX_NAME_LENGTH = 52
-
-#: the Gateway API's duration format (GEP-2257): 1 to 4 parts of 1 to 5 digits and a unit h, m, s or ms
-#: (no fractions, no sign, no spaces; parts add up: "1h30m", "1m500ms"); the CRD validates the same
-DURATION_PATTERN = r"^([0-9]{1,5}(h|m|s|ms)){1,4}$"
-_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-QUANTITY_PATTERN = rf"^{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_NUMBER}))?$"
-NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$"
-_DNS_PREFIX = r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-LABEL_KEY_PATTERN = rf"^{_DNS_PREFIX}[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-CONDITION_TYPE_PATTERN = rf"^{_DNS_PREFIX}(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
-LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-URI_PATTERN = r"^(file|https?|noop|s3|pvc)://.+$"
-#: ``s3://bucket`` or ``s3://bucket/prefix-or-key`` (S3 bucket naming rules)
-S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
-#: ``pvc://claim`` or ``pvc://claim/path/in/the/volume`` (a claim name is a DNS-1123 subdomain)
-PVC_URI_PATTERN = r"^pvc://[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?(/.*)?$"
-
-_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(value: str) -> float:
-    """Seconds in a Gateway API duration (GEP-2257, :data:`DURATION_PATTERN`): ``"1m30s"`` -> 90.0."""
-    if not re.fullmatch(DURATION_PATTERN, value):
-        raise ValueError(f"not a duration (GEP-2257, e.g. 30s, 1m, 1h30m, 500ms): {value!r}")
-    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(value))
-
-
-def _cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
-    out = {"rule": rule, "message": message}
-    if field_path:
-        out["fieldPath"] = field_path
-    if reason:
-        out["reason"] = reason
-    return out
-
-
-def _validations(*rules: dict[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": list(rules)}
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        validate_default=True,
-    )
-
-    def to_api(self) -> dict[str, Any]:
-        """The wire form (camelCase), without unset optional fields."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
-
-
-def _default_of(model: type[_Model]) -> dict[str, Any]:
-    """The schema default of a nested object: the whole object with its defaults (the apiserver checks
-    a default against the CEL rules as it is, without filling in nested defaults first)."""
-    return {"default": model().to_api()}
-
-
-Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
-Quantity = Annotated[
-    int | str,
-    Field(
-        json_schema_extra={
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "pattern": QUANTITY_PATTERN,
-            "x-kubernetes-int-or-string": True,
-        }
-    ),
+#: the API, whichever module defines each part (api_base, api_rollout, api_status re-exported here)
+__all__ = [
+    "API_VERSION",
+    "CATEGORIES",
+    "CONDITION_TYPE_PATTERN",
+    "DEFAULT_BUCKETS",
+    "DEFAULT_IMAGE",
+    "DURATION_PATTERN",
+    "GROUP",
+    "HISTORY_LIMIT",
+    "KIND",
+    "LABEL_KEY_PATTERN",
+    "LABEL_VALUE_PATTERN",
+    "MAX_NAME_LENGTH",
+    "NAME_PATTERN",
+    "PLURAL",
+    "PVC_URI_PATTERN",
+    "QUANTITY_PATTERN",
+    "S3_URI_PATTERN",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "URI_PATTERN",
+    "VERSION",
+    "AnalysisSpec",
+    "AnalysisStatus",
+    "ApiModel",
+    "AutoscalingSpec",
+    "BatchingSpec",
+    "CABundleSpec",
+    "CompareSpec",
+    "Condition",
+    "ConditionStatus",
+    "Duration",
+    "FallbackModelSpec",
+    "FallbackSpec",
+    "FallbackStatus",
+    "GatewayAPISpec",
+    "HeaderMatch",
+    "HistoryEntry",
+    "HistoryKind",
+    "HistoryOutcome",
+    "KeepPreviousSpec",
+    "LocalObjectReference",
+    "Measurement",
+    "MetricCheck",
+    "ModelDeployment",
+    "ModelDeploymentSpec",
+    "ModelDeploymentStatus",
+    "ModelSpec",
+    "NodeCacheSpec",
+    "ParentRef",
+    "Phase",
+    "Quantity",
+    "ResourcesSpec",
+    "RevisionStatus",
+    "Role",
+    "RolloutSpec",
+    "ShadowSpec",
+    "ShadowStatus",
+    "StatusModel",
+    "StorageSpec",
+    "Toleration",
+    "TrafficRoutingSpec",
+    "cel_rule",
+    "cel_validations",
+    "check_quantity",
+    "default_image",
+    "default_of",
+    "parse_duration",
 ]
-
-
-def _check_quantity(value: int | str | None) -> int | str | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError("a quantity is a number or a string such as 500m or 2Gi")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError("a quantity must not be negative")
-        return value
-    if not re.fullmatch(QUANTITY_PATTERN, value):
-        raise ValueError(f"not a quantity (e.g. 500m, 2, 4Gi): {value!r}")
-    return value
 
 
 # ---------------------------------------------------------------------------------------------- spec
 
 
-class LocalObjectReference(_Model):
+class LocalObjectReference(ApiModel):
     """A reference to an object in the ModelDeployment's namespace."""
 
     name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
-class CABundleSpec(_Model):
+class CABundleSpec(ApiModel):
     """A CA bundle (PEM) from a ConfigMap key, for an object store with a private CA."""
 
     config_map_ref: LocalObjectReference = Field(description="The ConfigMap holding the bundle.")
     key: str = Field(default="ca.crt", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
 
 
-class NodeCacheSpec(_Model):
+class NodeCacheSpec(ApiModel):
     """A node-local cache of fetched models (a hostPath directory shared by the pods of a node)."""
 
     enabled: bool = Field(default=True, description="Fetch through the node's cache.")
@@ -153,10 +177,10 @@ class NodeCacheSpec(_Model):
         default="100Gi", description="Size cap of the node's cache; least recently used models go first."
     )
 
-    _q = field_validator("max_size")(_check_quantity)
+    _q = field_validator("max_size")(check_quantity)
 
 
-class StorageSpec(_Model):
+class StorageSpec(ApiModel):
     """How the fetch init container reaches an ``s3://`` model. The operator never reads the Secret:
     the pod references it."""
 
@@ -189,7 +213,7 @@ class StorageSpec(_Model):
         description="Fetch through a node-local cache (restarts and rollbacks do not download again).",
     )
 
-    _q = field_validator("max_size")(_check_quantity)
+    _q = field_validator("max_size")(check_quantity)
 
     @field_validator("timeout")
     @classmethod
@@ -199,7 +223,7 @@ class StorageSpec(_Model):
         return value
 
 
-class ModelSpec(_Model):
+class ModelSpec(ApiModel):
     """The model to serve and where the server loads it from."""
 
     name: str = Field(
@@ -251,24 +275,24 @@ class ModelSpec(_Model):
     )
 
     model_config = ConfigDict(
-        json_schema_extra=_validations(
-            _cel(
+        json_schema_extra=cel_validations(
+            cel_rule(
                 "self.format != 'custom' || has(self.handler)",
                 "spec.model.handler is required when spec.model.format is custom",
                 ".handler",
                 "FieldValueRequired",
             ),
-            _cel(
+            cel_rule(
                 f"!self.uri.startsWith('s3://') || self.uri.matches('{S3_URI_PATTERN}')",
                 "spec.model.uri: an s3 uri is s3://<bucket>[/<prefix or key>] with a valid bucket name",
                 ".uri",
             ),
-            _cel(
+            cel_rule(
                 f"!self.uri.startsWith('pvc://') || self.uri.matches('{PVC_URI_PATTERN}')",
                 "spec.model.uri: a pvc uri is pvc://<claim name>[/<path in the volume>]",
                 ".uri",
             ),
-            _cel(
+            cel_rule(
                 "!has(self.storage) || self.uri.startsWith('s3://')",
                 "spec.model.storage applies to s3:// uris only",
                 ".storage",
@@ -291,7 +315,7 @@ class ModelSpec(_Model):
         return self
 
 
-class ResourcesSpec(_Model):
+class ResourcesSpec(ApiModel):
     """Compute resources of each serving pod."""
 
     gpu: int = Field(
@@ -300,10 +324,10 @@ class ResourcesSpec(_Model):
     cpu: Quantity = Field(default="1", description="CPU request per pod (e.g. 500m, 2).")
     memory: Quantity = Field(default="2Gi", description="Memory request and limit per pod (e.g. 2Gi).")
 
-    _q = field_validator("cpu", "memory")(_check_quantity)
+    _q = field_validator("cpu", "memory")(check_quantity)
 
 
-class Toleration(_Model):
+class Toleration(ApiModel):
     """A pod toleration (core/v1 Toleration)."""
 
     key: str | None = Field(default=None, max_length=317, pattern=LABEL_KEY_PATTERN)
@@ -313,13 +337,13 @@ class Toleration(_Model):
     toleration_seconds: int | None = Field(default=None, ge=0)
 
     model_config = ConfigDict(
-        json_schema_extra=_validations(
-            _cel(
+        json_schema_extra=cel_validations(
+            cel_rule(
                 "self.operator != 'Exists' || !has(self.value) || self.value == ''",
                 "a toleration with operator Exists must not have a value",
                 ".value",
             ),
-            _cel(
+            cel_rule(
                 "has(self.key) || self.operator == 'Exists'",
                 "a toleration without a key must use operator Exists",
                 ".operator",
@@ -340,7 +364,7 @@ class Toleration(_Model):
 DEFAULT_BUCKETS = (32, 64, 128, 256)
 
 
-class BatchingSpec(_Model):
+class BatchingSpec(ApiModel):
     """Dynamic batching settings of the inference server."""
 
     max_batch_size: int = Field(default=16, ge=1, le=1024, description="Maximum items per batch.")
@@ -363,7 +387,9 @@ class BatchingSpec(_Model):
         "empty = derived by the server; unset = 32, 64, 128, 256 up to maxSequenceLength.",
         json_schema_extra={
             "x-kubernetes-list-type": "set",
-            **_validations(_cel("self.isSorted()", "spec.batching.buckets must be strictly increasing")),
+            **cel_validations(
+                cel_rule("self.isSorted()", "spec.batching.buckets must be strictly increasing")
+            ),
         },
     )
     default_timeout_ms: int = Field(
@@ -374,13 +400,13 @@ class BatchingSpec(_Model):
     )
 
     model_config = ConfigDict(
-        json_schema_extra=_validations(
-            _cel(
+        json_schema_extra=cel_validations(
+            cel_rule(
                 "self.maxTimeoutMs >= self.defaultTimeoutMs",
                 "spec.batching.maxTimeoutMs must be >= spec.batching.defaultTimeoutMs",
                 ".maxTimeoutMs",
             ),
-            _cel(
+            cel_rule(
                 "!has(self.buckets) || self.buckets.all(b, b <= self.maxSequenceLength)",
                 "every one of spec.batching.buckets must be <= spec.batching.maxSequenceLength",
                 ".buckets",
@@ -410,369 +436,7 @@ class BatchingSpec(_Model):
         return self
 
 
-class ParentRef(_Model):
-    """A Gateway API parentRef (the Gateway the HTTPRoute attaches to)."""
-
-    name: str = Field(min_length=1, max_length=253)
-    namespace: str | None = Field(default=None, max_length=63)
-    section_name: str | None = Field(default=None, max_length=253)
-    port: int | None = Field(default=None, ge=1, le=65535)
-    group: str = Field(default="gateway.networking.k8s.io", max_length=253)
-    kind: str = Field(default="Gateway", max_length=63)
-
-
-class HeaderMatch(_Model):
-    """An HTTP request header (exact value), as in a Gateway API HTTPHeaderMatch."""
-
-    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")
-    value: str = Field(min_length=1, max_length=4096)
-
-
-class GatewayAPISpec(_Model):
-    """Routing through a Gateway API HTTPRoute with weighted per-revision backends."""
-
-    parent_refs: list[ParentRef] = Field(min_length=1, max_length=16)
-    hostnames: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=16)
-    canary_header: HeaderMatch | None = Field(
-        default=None,
-        description="A request carrying this header (exact value), e.g. x-modeldeploy-canary: always, goes "
-        "to the canary revision whatever the step's weight, during every step (not during the shadow "
-        "stage, whose revision answers no client); removed at promotion or rollback.",
-    )
-
-
-class TrafficRoutingSpec(_Model):
-    """How traffic is split between revisions."""
-
-    mode: Literal["replicas", "gatewayAPI"] = Field(
-        default="replicas",
-        description="replicas: the model Service spreads over in-traffic pods (works anywhere); "
-        "gatewayAPI: exact weights through an HTTPRoute.",
-    )
-    gateway_api: GatewayAPISpec | None = Field(default=None, alias="gatewayAPI")
-
-    model_config = ConfigDict(
-        json_schema_extra=_validations(
-            _cel(
-                "self.mode != 'gatewayAPI' || has(self.gatewayAPI)",
-                "spec.rollout.trafficRouting.gatewayAPI is required when mode is gatewayAPI",
-                ".gatewayAPI",
-                "FieldValueRequired",
-            )
-        )
-    )
-
-    @model_validator(mode="after")
-    def _rules(self) -> TrafficRoutingSpec:
-        if self.mode == "gatewayAPI" and self.gateway_api is None:
-            raise ValueError("spec.rollout.trafficRouting.gatewayAPI is required when mode is gatewayAPI")
-        return self
-
-
-class MetricCheck(_Model):
-    """A custom analysis metric: a PromQL template and a max or min threshold.
-
-    The query may use {{namespace}}, {{name}}, {{revision}} and {{interval}}.
-    """
-
-    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    query: str = Field(
-        min_length=1,
-        max_length=4096,
-        description="PromQL; may use {{namespace}}, {{name}}, {{revision}}, {{interval}}. Every selector must"
-        ' carry namespace="{{namespace}}": a query that could read another namespace is refused (the'
-        " ModelDeployment is reported InvalidSpec).",
-    )
-    max: float | None = Field(default=None, description="Fail when the value is above.")
-    min: float | None = Field(default=None, description="Fail when the value is below.")
-
-    model_config = ConfigDict(
-        json_schema_extra=_validations(
-            _cel("has(self.max) != has(self.min)", "exactly one of max or min must be set")
-        )
-    )
-
-    @model_validator(mode="after")
-    def _rules(self) -> MetricCheck:
-        if (self.max is None) == (self.min is None):
-            raise ValueError("exactly one of max or min must be set")
-        return self
-
-
-class AnalysisSpec(_Model):
-    """How each canary step is judged from Prometheus."""
-
-    max_error_rate: float = Field(
-        default=0.01,
-        ge=0,
-        le=1,
-        description="Maximum share of the server's own failures: 5xx, and 413/429 from admission control.",
-    )
-    max_client_error_rate_increase: float = Field(
-        default=0.05,
-        ge=0,
-        le=1,
-        description="Maximum increase of the canary's 4xx share (413/429 excepted) over the stable's in the "
-        "same window (a renamed model answers 404 to every client). 1 turns the check off (for APIs "
-        "where 4xx is normal and moves with traffic).",
-    )
-    error_limit: int = Field(
-        default=4,
-        ge=1,
-        le=100,
-        description="Consecutive windows whose queries failed (timeout, refused, non-2xx, unparseable, more "
-        "than one series) before the rollout is paused for a human. An error never passes a window.",
-    )
-    query_timeout: Duration = Field(
-        default="10s", description="Total deadline of one Prometheus query (connect, send, whole answer)."
-    )
-    max_p99_latency_ms: int = Field(default=1000, ge=1, le=600_000, description="Maximum p99 latency.")
-    max_latency_ratio_to_stable: float | None = Field(
-        default=None, ge=1, le=100, description="Maximum canary p99 / stable p99."
-    )
-    min_requests: int = Field(
-        default=20, ge=0, le=1_000_000, description="Fewer requests in a window count as no data."
-    )
-    failure_limit: int = Field(
-        default=1, ge=1, le=100, description="Consecutive failed checks before rollback."
-    )
-    on_no_data: Literal["hold", "fail", "pass"] = Field(
-        default="hold", description="What a window without enough data means."
-    )
-    no_data_timeout: Duration = Field(default="5m", description="How long 'hold' waits before failing.")
-    prometheus_url: str | None = Field(
-        default=None,
-        max_length=2048,
-        pattern=r"^https?://.+$",
-        alias="prometheusURL",
-        description="Prometheus to query (default: the operator's --prometheus-url).",
-    )
-    metrics: list[MetricCheck] = Field(default_factory=list, max_length=16)
-    min_agreement: float | None = Field(
-        default=None,
-        ge=0,
-        le=1,
-        description="Keep comparing outputs during every canary step and bakeTime: the stable copies "
-        "agreementSampleRate of its requests to the canary (in bakeTime: the new stable to the warm "
-        "previous revision); a lower share of agreeing answers fails the window.",
-    )
-    agreement_sample_rate: float = Field(
-        default=0.2, gt=0, le=1, description="Share of requests copied for minAgreement (canary, bake)."
-    )
-
-
-class CompareSpec(_Model):
-    """How a shadow's output and the stable's are said to agree (per request; every output must agree)."""
-
-    method: Literal["auto", "cosine", "argmax", "allclose", "exact"] = Field(
-        default="auto",
-        description="auto: integer/bool/bytes -> exact; a classification model's scores -> argmax; other "
-        "float tensors of rank >= 2 -> cosine per row, rank < 2 -> allclose. A custom handler's "
-        "compare(a, b) wins over any method.",
-    )
-    min_cosine: float = Field(default=0.99, ge=-1, le=1, description="cosine: the lowest row's minimum.")
-    rtol: float = Field(default=1.0e-3, ge=0, le=1, description="allclose: relative tolerance.")
-    atol: float = Field(default=1.0e-5, ge=0, description="allclose: absolute tolerance.")
-
-
-class ShadowSpec(_Model):
-    """A shadow stage before the first canary step: the stable servers copy a sample of the requests they
-    answer to the new revision (out of traffic), compare its outputs with theirs and count; the
-    agreement, the shadow's error rate and its p99 latency are judged at the end of ``duration``."""
-
-    duration: Duration = Field(
-        description="How long the new revision shadows the stable one (the clock starts once every stable "
-        "server reports that it is copying).",
-        json_schema_extra=_validations(
-            _cel("duration(self) >= duration('1s')", "spec.rollout.shadow.duration must be at least 1s")
-        ),
-    )
-    sample_rate: float = Field(
-        default=0.2, gt=0, le=1, description="Share of the stable revision's requests copied to the shadow."
-    )
-    min_samples: int = Field(
-        default=200,
-        ge=0,
-        le=100_000_000,
-        description="Fewer compared requests by the end of duration is no data (onNoData applies).",
-    )
-    min_agreement: float = Field(
-        default=0.99,
-        ge=0,
-        le=1,
-        description="Share of compared requests that must agree; below it, rollback.",
-    )
-    compare: CompareSpec = Field(default_factory=CompareSpec, json_schema_extra=_default_of(CompareSpec))
-    timeout: Duration = Field(default="5s", description="A copy unanswered this long counts as a timeout.")
-    replicas: int | None = Field(
-        default=None,
-        ge=1,
-        le=1000,
-        description="Pods of the shadow revision (default: replicas x sampleRate, rounded up, at least 1).",
-    )
-
-    @field_validator("duration")
-    @classmethod
-    def _duration(cls, value: str) -> str:
-        if parse_duration(value) < 1:
-            raise ValueError("spec.rollout.shadow.duration must be at least 1s")
-        return value
-
-
-class KeepPreviousSpec(_Model):
-    """Warm standby of the previous stable revision after a promotion."""
-
-    replicas: int = Field(default=1, ge=0, le=100, description="Pods of the previous revision kept warm.")
-    ttl: Duration = Field(default="30m", description="How long the previous revision is kept warm.")
-
-
-class RolloutSpec(_Model):
-    """Progressive delivery of a new revision."""
-
-    steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
-        default_factory=lambda: [5, 25, 50, 100],
-        min_length=1,
-        max_length=20,
-        description="Canary traffic percentages; strictly increasing, each 1..100, the last 100.",
-        json_schema_extra={
-            "default": [5, 25, 50, 100],
-            "x-kubernetes-list-type": "set",
-            **_validations(
-                _cel("self.isSorted()", "spec.rollout.steps must be strictly increasing"),
-                _cel("self[size(self) - 1] == 100", "the last of spec.rollout.steps must be 100"),
-            ),
-        },
-    )
-    interval: Duration = Field(
-        default="1m",
-        description="How long each step is held before it is judged.",
-        json_schema_extra=_validations(
-            _cel("duration(self) >= duration('1s')", "spec.rollout.interval must be at least 1s")
-        ),
-    )
-    traffic_routing: TrafficRoutingSpec = Field(
-        default_factory=TrafficRoutingSpec, json_schema_extra=_default_of(TrafficRoutingSpec)
-    )
-    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, json_schema_extra=_default_of(AnalysisSpec))
-    bake_time: Duration = Field(default="5m", description="Analysis keeps running this long after promotion.")
-    keep_previous: KeepPreviousSpec = Field(
-        default_factory=KeepPreviousSpec, json_schema_extra=_default_of(KeepPreviousSpec)
-    )
-    progress_deadline: Duration = Field(
-        default="10m", description="A canary whose pods are not ready within this is aborted."
-    )
-    abort_scale_down_delay: Duration = Field(
-        default="0s", description="How long a failed revision's pods are kept for debugging."
-    )
-    paused: bool = Field(default=False, description="Hold the current step.")
-    shadow: ShadowSpec | None = Field(
-        default=None, description="A shadow stage before the first step (unset: none)."
-    )
-
-    @field_validator("steps")
-    @classmethod
-    def _steps(cls, steps: list[int]) -> list[int]:
-        if any(b <= a for a, b in itertools.pairwise(steps)):
-            raise ValueError("spec.rollout.steps must be strictly increasing")
-        if steps and steps[-1] != 100:
-            raise ValueError("the last of spec.rollout.steps must be 100")
-        return steps
-
-    @field_validator("interval")
-    @classmethod
-    def _interval(cls, value: str) -> str:
-        if parse_duration(value) < 1:
-            raise ValueError("spec.rollout.interval must be at least 1s")
-        return value
-
-
-class FallbackModelSpec(_Model):
-    """A lighter model for the CPU fallback (unset fields: the serving revision's)."""
-
-    version: str | None = Field(default=None, min_length=1, max_length=63, pattern=NAME_PATTERN)
-    uri: str | None = Field(default=None, max_length=2048, pattern=URI_PATTERN)
-    format: Literal["auto", "hf", "torchscript", "export", "custom", "noop"] | None = None
-    task: Literal["auto", "embedding", "classification"] | None = None
-    handler: str | None = Field(default=None, max_length=512)
-
-
-class FallbackSpec(_Model):
-    """A CPU revision that answers while the GPU revision has no pod in traffic (GPUs gone, node failed,
-    pods unschedulable or crash-looping): slower, but the service keeps answering."""
-
-    enabled: bool = Field(default=True, description="false: never fall back (the spec may stay).")
-    after: Duration = Field(
-        default="60s", description="How long the GPU revision may have no pod in traffic before the fallback."
-    )
-    return_after: Duration = Field(
-        default="30s",
-        description="How long every GPU pod must be ready again before traffic returns to them (hysteresis).",
-    )
-    replicas: int = Field(default=1, ge=1, le=100, description="Pods of the fallback revision while active.")
-    idle_replicas: int = Field(
-        default=0, ge=0, le=100, description="Pods kept warm (out of traffic) while the fallback is idle."
-    )
-    cpu: Quantity = Field(default="2", description="CPU request per fallback pod.")
-    memory: Quantity = Field(default="4Gi", description="Memory request and limit per fallback pod.")
-    model: FallbackModelSpec | None = Field(default=None, description="A lighter model (default: the same).")
-
-    _q = field_validator("cpu", "memory")(_check_quantity)
-
-
-class AutoscalingSpec(_Model):
-    """Scale ``spec.replicas`` on a serving signal: the operator owns a KEDA ScaledObject (Prometheus
-    trigger) whose HPA writes ``spec.replicas`` through the scale subresource; during a canary the operator
-    splits those replicas between the revisions by the step's weight."""
-
-    min_replicas: int = Field(default=1, ge=1, le=1000, description="Never fewer serving pods.")
-    max_replicas: int = Field(ge=1, le=1000, description="Never more serving pods.")
-    metric: Literal["concurrency", "queueWaitP90", "queueDepth", "requestRate"] = Field(
-        default="concurrency",
-        description="concurrency: requests in the server (queued or running) per pod; queueWaitP90: the 90th "
-        "percentile of the batching queue wait (seconds, all pods); queueDepth: items waiting per pod; "
-        "requestRate: requests per second per pod.",
-    )
-    target: float = Field(
-        gt=0, description="The value per pod (queueDepth, requestRate) or overall (queueWaitP90) to hold."
-    )
-    window: Duration = Field(default="1m", description="The rate window of queueWaitP90 and requestRate.")
-    polling_interval: Duration = Field(default="15s", description="How often KEDA reads the metric.")
-    scale_down_stabilization: Duration = Field(
-        default="5m", description="The highest recommendation of this long wins a scale-down (HPA behavior)."
-    )
-    prometheus_url: str | None = Field(
-        default=None,
-        max_length=2048,
-        pattern=r"^https?://.+$",
-        description="Prometheus as KEDA reaches it (unset: spec.rollout.analysis.prometheusUrl, else the "
-        "operator's).",
-    )
-
-    model_config = ConfigDict(
-        json_schema_extra=_validations(
-            _cel(
-                "self.minReplicas <= self.maxReplicas",
-                "spec.autoscaling.minReplicas must not exceed maxReplicas",
-                ".minReplicas",
-            )
-        )
-    )
-
-    @model_validator(mode="after")
-    def _bounds(self) -> AutoscalingSpec:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError("spec.autoscaling.minReplicas must not exceed maxReplicas")
-        return self
-
-    @field_validator("polling_interval", "window")
-    @classmethod
-    def _at_least_1s(cls, value: str) -> str:
-        if parse_duration(value) < 1:
-            raise ValueError("must be at least 1s")
-        return value
-
-
-class ModelDeploymentSpec(_Model):
+class ModelDeploymentSpec(ApiModel):
     """Desired state of a ModelDeployment."""
 
     model: ModelSpec
@@ -786,14 +450,14 @@ class ModelDeploymentSpec(_Model):
     )
     replicas: int = Field(default=1, ge=0, le=1000, description="Serving pods of the stable revision.")
     resources: ResourcesSpec = Field(
-        default_factory=ResourcesSpec, json_schema_extra=_default_of(ResourcesSpec)
+        default_factory=ResourcesSpec, json_schema_extra=default_of(ResourcesSpec)
     )
     node_selector: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] = Field(
         default_factory=dict, max_length=32, description="Node labels the serving pods must match."
     )
     tolerations: list[Toleration] = Field(default_factory=list, max_length=32)
-    batching: BatchingSpec = Field(default_factory=BatchingSpec, json_schema_extra=_default_of(BatchingSpec))
-    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra=_default_of(RolloutSpec))
+    batching: BatchingSpec = Field(default_factory=BatchingSpec, json_schema_extra=default_of(BatchingSpec))
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra=default_of(RolloutSpec))
     fallback: FallbackSpec | None = Field(
         default=None, description="A CPU fallback for when the GPU pods cannot serve (unset: none)."
     )
@@ -802,211 +466,6 @@ class ModelDeploymentSpec(_Model):
         description="Scale spec.replicas on a serving signal through KEDA (unset: spec.replicas rules, or "
         "your own HPA on the scale subresource).",
     )
-
-
-# ---------------------------------------------------------------------------------------------- status
-
-
-class _StatusModel(_Model):
-    """A part of status: read leniently. Fields it does not know (written by a newer operator, or by
-    hand) are ignored at any depth rather than refused: status holds the rollout state, and an operator
-    that refused it would act as if there were none. The spec stays strict (``extra="forbid"``)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-
-ConditionStatus = Literal["True", "False", "Unknown"]
-Phase = Literal["Pending", "Progressing", "Shadowing", "Paused", "Healthy", "Degraded", "Failed"]
-Role = Literal["stable", "canary", "shadow", "previous", "old", "fallback"]
-
-
-class Condition(_StatusModel):
-    """A metav1.Condition."""
-
-    type: str = Field(
-        max_length=316,
-        pattern=CONDITION_TYPE_PATTERN,
-    )
-    status: ConditionStatus
-    observed_generation: int | None = Field(default=None, ge=0)
-    last_transition_time: datetime
-    reason: str = Field(max_length=1024, min_length=1, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-    message: str = Field(max_length=32768)
-
-
-class RevisionStatus(_StatusModel):
-    """Observed state of one revision (one Deployment)."""
-
-    revision: str = Field(max_length=63)
-    role: Role
-    deployment: str = Field(max_length=253)
-    replicas: int = Field(default=0, ge=0, description="Desired pods.")
-    current_replicas: int = Field(default=0, ge=0, description="Pods that exist.")
-    ready_replicas: int = Field(default=0, ge=0, description="Pods whose server is ready (warm).")
-    in_traffic_replicas: int = Field(default=0, ge=0, description="Ready pods that receive traffic.")
-    unschedulable_replicas: int = Field(default=0, ge=0)
-    scheduling_message: str | None = Field(default=None, max_length=4096)
-    model_version: str | None = Field(default=None, max_length=63)
-
-
-class Measurement(_StatusModel):
-    """One analysis measurement: the query, what it returned, the threshold and the verdict."""
-
-    metric: str = Field(max_length=63)
-    query: str = Field(max_length=8192)
-    value: float | None = None
-    threshold: float | None = None
-    verdict: Literal["Pass", "Fail", "NoData", "Error"]
-    revision: str | None = Field(default=None, max_length=63)
-    time: datetime
-    error: str | None = Field(
-        default=None, max_length=512, description="Why the query failed (verdict Error): kind and message."
-    )
-
-
-class ShadowStatus(_StatusModel):
-    """The shadow stage of the canary revision (kept in status so a restarted operator resumes it)."""
-
-    revision: str = Field(max_length=63)
-    waiting_since: datetime | None = Field(
-        default=None, description="Since when the stage waits for its pods and for the stable to copy."
-    )
-    started_at: datetime | None = Field(
-        default=None, description="When every stable server reported copying (the stage's clock)."
-    )
-    copying_pods: int | None = Field(default=None, ge=0, description="Stable servers that report copying.")
-    agreement: float | None = Field(default=None, description="Agreement so far (since started_at).")
-    samples: int | None = Field(default=None, ge=0, description="Compared requests so far.")
-
-
-class FallbackStatus(_StatusModel):
-    """The CPU fallback: idle, active (answering instead of the GPU revision) or returning."""
-
-    revision: str = Field(max_length=63)
-    state: Literal["Idle", "Active", "Returning"] = "Idle"
-    no_traffic_since: datetime | None = Field(
-        default=None, description="Since when the GPU revision has had no pod in traffic (while idle)."
-    )
-    active_since: datetime | None = None
-    ready_since: datetime | None = Field(
-        default=None, description="Since when every GPU pod is ready again (while active: the hysteresis)."
-    )
-    cause: str | None = Field(default=None, max_length=4096)
-
-
-class AnalysisStatus(_StatusModel):
-    """Rollout analysis state (kept in status so a restarted operator resumes it)."""
-
-    consecutive_failures: int = Field(default=0, ge=0)
-    consecutive_errors: int = Field(
-        default=0, ge=0, description="Consecutive windows whose queries failed (errorLimit pauses)."
-    )
-    paused_reason: str | None = Field(
-        default=None,
-        max_length=1024,
-        description="Set when errorLimit was reached: nothing is judged until `kubectl modeldeploy resume`.",
-    )
-    no_data_since: datetime | None = None
-    last_run: datetime | None = None
-    measurements: list[Measurement] = Field(default_factory=list, max_length=32)
-
-
-#: entries kept in ``status.history`` (the oldest go first)
-HISTORY_LIMIT = 20
-
-#: what a history entry says to a reader (kubectl, events, the Degraded reason)
-HistoryOutcome = Literal[
-    "Deployed", "Promoted", "RolledBack", "Aborted", "Superseded", "FailedBack", "Expired"
-]
-#: what a history entry means to the rollout state machine. ``Deployed``: straight to 100 % without a
-#: canary (the first revision, or the stable revision was gone), so nothing to bake; ``Promoted``: after a
-#: canary (or by hand), so the bake analysis runs on it.
-HistoryKind = Literal["Deployed", "Promoted", "RolledBack", "Aborted", "Superseded", "FailedBack"]
-
-
-class HistoryEntry(_StatusModel):
-    """A decision about a revision."""
-
-    revision: str = Field(max_length=63)
-    outcome: HistoryOutcome
-    kind: HistoryKind | None = Field(
-        default=None,
-        description="What the decision means to the rollout (outcome is what it says). Absent in entries "
-        "written before this field existed: read as the outcome.",
-    )
-    time: datetime
-    reason: str = Field(default="", max_length=4096)
-    measurement: Measurement | None = None
-
-    @model_validator(mode="after")
-    def _legacy_kind(self) -> HistoryEntry:
-        """An entry written by an older operator has no ``kind``: it is its outcome. (The one entry that
-        reads differently -- ``Promoted`` because the stable revision was gone, kind ``Deployed`` -- never
-        had a warm previous revision next to it, which is all that the difference decides.)"""
-        if self.kind is None and self.outcome != "Expired":
-            self.kind = self.outcome
-        return self
-
-
-class ModelDeploymentStatus(_StatusModel):
-    """Observed state of a ModelDeployment; all rollout state lives here."""
-
-    observed_generation: int | None = Field(default=None, ge=0)
-    phase: Phase | None = None
-    revision: str | None = Field(default=None, max_length=63, description="The revision of the current spec.")
-    stable_revision: str | None = Field(default=None, max_length=63)
-    stable_spec: str | None = Field(
-        default=None,
-        max_length=65536,
-        description="The stable revision's pod-shaping spec (JSON, as on its Deployment's "
-        "modeldeploy.io/revision-spec annotation): the stable is rebuilt from it when its Deployment is "
-        "missing or unreadable, never inferred from whatever Deployment exists.",
-    )
-    canary_revision: str | None = Field(default=None, max_length=63)
-    previous_revision: str | None = Field(default=None, max_length=63)
-    previous_expires_at: datetime | None = None
-    canary_weight: int | None = Field(default=None, ge=0, le=100, description="Requested canary weight.")
-    achieved_canary_weight: int | None = Field(default=None, ge=0, le=100)
-    step: int | None = Field(default=None, ge=0, le=20, description="Index into spec.rollout.steps.")
-    step_started_at: datetime | None = Field(
-        default=None, description="When the current step's pods were all in traffic (its clock)."
-    )
-    step_waiting_since: datetime | None = Field(
-        default=None,
-        description="When the current step began waiting for its pods (progressDeadline counts from here).",
-    )
-    replicas: int | None = Field(default=None, ge=0, description="Pods of all revisions.")
-    serving_replicas: int | None = Field(
-        default=None,
-        ge=0,
-        description="The serving replicas the operator acted on (spec.replicas, split between revisions "
-        "during a canary): the scale subresource's status replicas, which an HPA compares with its "
-        "recommendation.",
-    )
-    selector: str | None = Field(
-        default=None, max_length=1024, description="Label selector of the pods (the scale subresource's)."
-    )
-    autoscaler: str | None = Field(
-        default=None,
-        max_length=253,
-        description="The KEDA ScaledObject the operator owns for spec.autoscaling.",
-    )
-    ready_replicas: int | None = Field(default=None, ge=0, description="In-traffic ready pods.")
-    ready: str | None = Field(default=None, max_length=32, description="ready/desired, for printing.")
-    revisions: list[RevisionStatus] = Field(
-        default_factory=list,
-        max_length=16,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["revision"]},
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        max_length=8,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    shadow: ShadowStatus | None = None
-    fallback: FallbackStatus | None = None
-    analysis: AnalysisStatus | None = None
-    history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
 
 
 class ModelDeployment(BaseModel):

@@ -1,0 +1,384 @@
+"""``spec.rollout`` and the specs beside it (traffic routing, analysis, shadow stage, fallback,
+autoscaling): part of the ModelDeployment API (:mod:`modeldeploy.api`)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from .api_base import (
+    NAME_PATTERN,
+    URI_PATTERN,
+    ApiModel,
+    Duration,
+    Quantity,
+    cel_rule,
+    cel_validations,
+    check_quantity,
+    default_of,
+    parse_duration,
+)
+
+
+class ParentRef(ApiModel):
+    """A Gateway API parentRef (the Gateway the HTTPRoute attaches to)."""
+
+    name: str = Field(min_length=1, max_length=253)
+    namespace: str | None = Field(default=None, max_length=63)
+    section_name: str | None = Field(default=None, max_length=253)
+    port: int | None = Field(default=None, ge=1, le=65535)
+    group: str = Field(default="gateway.networking.k8s.io", max_length=253)
+    kind: str = Field(default="Gateway", max_length=63)
+
+
+class HeaderMatch(ApiModel):
+    """An HTTP request header (exact value), as in a Gateway API HTTPHeaderMatch."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")
+    value: str = Field(min_length=1, max_length=4096)
+
+
+class GatewayAPISpec(ApiModel):
+    """Routing through a Gateway API HTTPRoute with weighted per-revision backends."""
+
+    parent_refs: list[ParentRef] = Field(min_length=1, max_length=16)
+    hostnames: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=16)
+    canary_header: HeaderMatch | None = Field(
+        default=None,
+        description="A request carrying this header (exact value), e.g. x-modeldeploy-canary: always, goes "
+        "to the canary revision whatever the step's weight, during every step (not during the shadow "
+        "stage, whose revision answers no client); removed at promotion or rollback.",
+    )
+
+
+class TrafficRoutingSpec(ApiModel):
+    """How traffic is split between revisions."""
+
+    mode: Literal["replicas", "gatewayAPI"] = Field(
+        default="replicas",
+        description="replicas: the model Service spreads over in-traffic pods (works anywhere); "
+        "gatewayAPI: exact weights through an HTTPRoute.",
+    )
+    gateway_api: GatewayAPISpec | None = Field(default=None, alias="gatewayAPI")
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_validations(
+            cel_rule(
+                "self.mode != 'gatewayAPI' || has(self.gatewayAPI)",
+                "spec.rollout.trafficRouting.gatewayAPI is required when mode is gatewayAPI",
+                ".gatewayAPI",
+                "FieldValueRequired",
+            )
+        )
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> TrafficRoutingSpec:
+        if self.mode == "gatewayAPI" and self.gateway_api is None:
+            raise ValueError("spec.rollout.trafficRouting.gatewayAPI is required when mode is gatewayAPI")
+        return self
+
+
+class MetricCheck(ApiModel):
+    """A custom analysis metric: a PromQL template and a max or min threshold.
+
+    The query may use {{namespace}}, {{name}}, {{revision}} and {{interval}}.
+    """
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    query: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="PromQL; may use {{namespace}}, {{name}}, {{revision}}, {{interval}}. Every selector must"
+        ' carry namespace="{{namespace}}": a query that could read another namespace is refused (the'
+        " ModelDeployment is reported InvalidSpec).",
+    )
+    max: float | None = Field(default=None, description="Fail when the value is above.")
+    min: float | None = Field(default=None, description="Fail when the value is below.")
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_validations(
+            cel_rule("has(self.max) != has(self.min)", "exactly one of max or min must be set")
+        )
+    )
+
+    @model_validator(mode="after")
+    def _rules(self) -> MetricCheck:
+        if (self.max is None) == (self.min is None):
+            raise ValueError("exactly one of max or min must be set")
+        return self
+
+
+class AnalysisSpec(ApiModel):
+    """How each canary step is judged from Prometheus."""
+
+    max_error_rate: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="Maximum share of the server's own failures: 5xx, and 413/429 from admission control.",
+    )
+    max_client_error_rate_increase: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Maximum increase of the canary's 4xx share (413/429 excepted) over the stable's in the "
+        "same window (a renamed model answers 404 to every client). 1 turns the check off (for APIs "
+        "where 4xx is normal and moves with traffic).",
+    )
+    error_limit: int = Field(
+        default=4,
+        ge=1,
+        le=100,
+        description="Consecutive windows whose queries failed (timeout, refused, non-2xx, unparseable, more "
+        "than one series) before the rollout is paused for a human. An error never passes a window.",
+    )
+    query_timeout: Duration = Field(
+        default="10s", description="Total deadline of one Prometheus query (connect, send, whole answer)."
+    )
+    max_p99_latency_ms: int = Field(default=1000, ge=1, le=600_000, description="Maximum p99 latency.")
+    max_latency_ratio_to_stable: float | None = Field(
+        default=None, ge=1, le=100, description="Maximum canary p99 / stable p99."
+    )
+    min_requests: int = Field(
+        default=20, ge=0, le=1_000_000, description="Fewer requests in a window count as no data."
+    )
+    failure_limit: int = Field(
+        default=1, ge=1, le=100, description="Consecutive failed checks before rollback."
+    )
+    on_no_data: Literal["hold", "fail", "pass"] = Field(
+        default="hold", description="What a window without enough data means."
+    )
+    no_data_timeout: Duration = Field(default="5m", description="How long 'hold' waits before failing.")
+    prometheus_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://.+$",
+        alias="prometheusURL",
+        description="Prometheus to query (default: the operator's --prometheus-url).",
+    )
+    metrics: list[MetricCheck] = Field(default_factory=list, max_length=16)
+    min_agreement: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Keep comparing outputs during every canary step and bakeTime: the stable copies "
+        "agreementSampleRate of its requests to the canary (in bakeTime: the new stable to the warm "
+        "previous revision); a lower share of agreeing answers fails the window.",
+    )
+    agreement_sample_rate: float = Field(
+        default=0.2, gt=0, le=1, description="Share of requests copied for minAgreement (canary, bake)."
+    )
+
+
+class CompareSpec(ApiModel):
+    """How a shadow's output and the stable's are said to agree (per request; every output must agree)."""
+
+    method: Literal["auto", "cosine", "argmax", "allclose", "exact"] = Field(
+        default="auto",
+        description="auto: integer/bool/bytes -> exact; a classification model's scores -> argmax; other "
+        "float tensors of rank >= 2 -> cosine per row, rank < 2 -> allclose. A custom handler's "
+        "compare(a, b) wins over any method.",
+    )
+    min_cosine: float = Field(default=0.99, ge=-1, le=1, description="cosine: the lowest row's minimum.")
+    rtol: float = Field(default=1.0e-3, ge=0, le=1, description="allclose: relative tolerance.")
+    atol: float = Field(default=1.0e-5, ge=0, description="allclose: absolute tolerance.")
+
+
+class ShadowSpec(ApiModel):
+    """A shadow stage before the first canary step: the stable servers copy a sample of the requests they
+    answer to the new revision (out of traffic), compare its outputs with theirs and count; the
+    agreement, the shadow's error rate and its p99 latency are judged at the end of ``duration``."""
+
+    duration: Duration = Field(
+        description="How long the new revision shadows the stable one (the clock starts once every stable "
+        "server reports that it is copying).",
+        json_schema_extra=cel_validations(
+            cel_rule("duration(self) >= duration('1s')", "spec.rollout.shadow.duration must be at least 1s")
+        ),
+    )
+    sample_rate: float = Field(
+        default=0.2, gt=0, le=1, description="Share of the stable revision's requests copied to the shadow."
+    )
+    min_samples: int = Field(
+        default=200,
+        ge=0,
+        le=100_000_000,
+        description="Fewer compared requests by the end of duration is no data (onNoData applies).",
+    )
+    min_agreement: float = Field(
+        default=0.99,
+        ge=0,
+        le=1,
+        description="Share of compared requests that must agree; below it, rollback.",
+    )
+    compare: CompareSpec = Field(default_factory=CompareSpec, json_schema_extra=default_of(CompareSpec))
+    timeout: Duration = Field(default="5s", description="A copy unanswered this long counts as a timeout.")
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description="Pods of the shadow revision (default: replicas x sampleRate, rounded up, at least 1).",
+    )
+
+    @field_validator("duration")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        if parse_duration(value) < 1:
+            raise ValueError("spec.rollout.shadow.duration must be at least 1s")
+        return value
+
+
+class KeepPreviousSpec(ApiModel):
+    """Warm standby of the previous stable revision after a promotion."""
+
+    replicas: int = Field(default=1, ge=0, le=100, description="Pods of the previous revision kept warm.")
+    ttl: Duration = Field(default="30m", description="How long the previous revision is kept warm.")
+
+
+class RolloutSpec(ApiModel):
+    """Progressive delivery of a new revision."""
+
+    steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [5, 25, 50, 100],
+        min_length=1,
+        max_length=20,
+        description="Canary traffic percentages; strictly increasing, each 1..100, the last 100.",
+        json_schema_extra={
+            "default": [5, 25, 50, 100],
+            "x-kubernetes-list-type": "set",
+            **cel_validations(
+                cel_rule("self.isSorted()", "spec.rollout.steps must be strictly increasing"),
+                cel_rule("self[size(self) - 1] == 100", "the last of spec.rollout.steps must be 100"),
+            ),
+        },
+    )
+    interval: Duration = Field(
+        default="1m",
+        description="How long each step is held before it is judged.",
+        json_schema_extra=cel_validations(
+            cel_rule("duration(self) >= duration('1s')", "spec.rollout.interval must be at least 1s")
+        ),
+    )
+    traffic_routing: TrafficRoutingSpec = Field(
+        default_factory=TrafficRoutingSpec, json_schema_extra=default_of(TrafficRoutingSpec)
+    )
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, json_schema_extra=default_of(AnalysisSpec))
+    bake_time: Duration = Field(default="5m", description="Analysis keeps running this long after promotion.")
+    keep_previous: KeepPreviousSpec = Field(
+        default_factory=KeepPreviousSpec, json_schema_extra=default_of(KeepPreviousSpec)
+    )
+    progress_deadline: Duration = Field(
+        default="10m", description="A canary whose pods are not ready within this is aborted."
+    )
+    abort_scale_down_delay: Duration = Field(
+        default="0s", description="How long a failed revision's pods are kept for debugging."
+    )
+    paused: bool = Field(default=False, description="Hold the current step.")
+    shadow: ShadowSpec | None = Field(
+        default=None, description="A shadow stage before the first step (unset: none)."
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, steps: list[int]) -> list[int]:
+        if any(b <= a for a, b in itertools.pairwise(steps)):
+            raise ValueError("spec.rollout.steps must be strictly increasing")
+        if steps and steps[-1] != 100:
+            raise ValueError("the last of spec.rollout.steps must be 100")
+        return steps
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, value: str) -> str:
+        if parse_duration(value) < 1:
+            raise ValueError("spec.rollout.interval must be at least 1s")
+        return value
+
+
+class FallbackModelSpec(ApiModel):
+    """A lighter model for the CPU fallback (unset fields: the serving revision's)."""
+
+    version: str | None = Field(default=None, min_length=1, max_length=63, pattern=NAME_PATTERN)
+    uri: str | None = Field(default=None, max_length=2048, pattern=URI_PATTERN)
+    format: Literal["auto", "hf", "torchscript", "export", "custom", "noop"] | None = None
+    task: Literal["auto", "embedding", "classification"] | None = None
+    handler: str | None = Field(default=None, max_length=512)
+
+
+class FallbackSpec(ApiModel):
+    """A CPU revision that answers while the GPU revision has no pod in traffic (GPUs gone, node failed,
+    pods unschedulable or crash-looping): slower, but the service keeps answering."""
+
+    enabled: bool = Field(default=True, description="false: never fall back (the spec may stay).")
+    after: Duration = Field(
+        default="60s", description="How long the GPU revision may have no pod in traffic before the fallback."
+    )
+    return_after: Duration = Field(
+        default="30s",
+        description="How long every GPU pod must be ready again before traffic returns to them (hysteresis).",
+    )
+    replicas: int = Field(default=1, ge=1, le=100, description="Pods of the fallback revision while active.")
+    idle_replicas: int = Field(
+        default=0, ge=0, le=100, description="Pods kept warm (out of traffic) while the fallback is idle."
+    )
+    cpu: Quantity = Field(default="2", description="CPU request per fallback pod.")
+    memory: Quantity = Field(default="4Gi", description="Memory request and limit per fallback pod.")
+    model: FallbackModelSpec | None = Field(default=None, description="A lighter model (default: the same).")
+
+    _q = field_validator("cpu", "memory")(check_quantity)
+
+
+class AutoscalingSpec(ApiModel):
+    """Scale ``spec.replicas`` on a serving signal: the operator owns a KEDA ScaledObject (Prometheus
+    trigger) whose HPA writes ``spec.replicas`` through the scale subresource; during a canary the operator
+    splits those replicas between the revisions by the step's weight."""
+
+    min_replicas: int = Field(default=1, ge=1, le=1000, description="Never fewer serving pods.")
+    max_replicas: int = Field(ge=1, le=1000, description="Never more serving pods.")
+    metric: Literal["concurrency", "queueWaitP90", "queueDepth", "requestRate"] = Field(
+        default="concurrency",
+        description="concurrency: requests in the server (queued or running) per pod; queueWaitP90: the 90th "
+        "percentile of the batching queue wait (seconds, all pods); queueDepth: items waiting per pod; "
+        "requestRate: requests per second per pod.",
+    )
+    target: float = Field(
+        gt=0, description="The value per pod (queueDepth, requestRate) or overall (queueWaitP90) to hold."
+    )
+    window: Duration = Field(default="1m", description="The rate window of queueWaitP90 and requestRate.")
+    polling_interval: Duration = Field(default="15s", description="How often KEDA reads the metric.")
+    scale_down_stabilization: Duration = Field(
+        default="5m", description="The highest recommendation of this long wins a scale-down (HPA behavior)."
+    )
+    prometheus_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://.+$",
+        description="Prometheus as KEDA reaches it (unset: spec.rollout.analysis.prometheusUrl, else the "
+        "operator's).",
+    )
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_validations(
+            cel_rule(
+                "self.minReplicas <= self.maxReplicas",
+                "spec.autoscaling.minReplicas must not exceed maxReplicas",
+                ".minReplicas",
+            )
+        )
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("spec.autoscaling.minReplicas must not exceed maxReplicas")
+        return self
+
+    @field_validator("polling_interval", "window")
+    @classmethod
+    def _at_least_1s(cls, value: str) -> str:
+        if parse_duration(value) < 1:
+            raise ValueError("must be at least 1s")
+        return value
