@@ -254,9 +254,16 @@ def test_a_missing_host_path_directory_is_a_failed_mount_until_it_exists(
         )
 
     wait_for(failed_mount, timeout=30, what="a FailedMount event")
-    p = kube.get(f"/api/v1/namespaces/{namespace}/pods/waits") or {}
-    assert p["status"]["phase"] == "Pending"
-    assert p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ContainerCreating"
+
+    def waiting() -> str | None:
+        # the status is written apart from the event (as the kubelet does): it may come a moment later
+        st = (kube.get(f"/api/v1/namespaces/{namespace}/pods/waits") or {}).get("status") or {}
+        cs = st.get("containerStatuses") or [{}]
+        return (
+            cs[0].get("state", {}).get("waiting", {}).get("reason") if st.get("phase") == "Pending" else None
+        )
+
+    assert wait_for(waiting, timeout=10, what="Pending, the container waiting") == "ContainerCreating"
     later.mkdir()
     wait_for(lambda: _ready(kube, f"/api/v1/namespaces/{namespace}/pods/waits"), timeout=30, what="Ready")
 
