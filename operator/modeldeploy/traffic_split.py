@@ -24,9 +24,11 @@ def replica_split(replicas: int, weight: int) -> tuple[int, int]:
         return 0, replicas
     best: tuple[float, int, int, int] | None = None
     for c in range(1, replicas + 1):
-        for s in range(1, replicas + 1):
-            if c + s < replicas:
-                continue
+        # c / (c + s) falls as s grows, so for this c the error is least next to s* = c (100 - w) / w
+        # (or at a bound): two candidates per c instead of every s -- linear in replicas, not quadratic
+        lo, hi = max(1, replicas - c), replicas
+        ideal = c * (100 - weight) / weight
+        for s in {lo, hi, min(hi, max(lo, math.floor(ideal))), min(hi, max(lo, math.ceil(ideal)))}:
             err = abs(100 * c / (c + s) - weight)
             key = (round(err, 9), c, -s, s)
             if best is None or key < best:

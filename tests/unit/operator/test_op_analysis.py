@@ -205,6 +205,26 @@ def test_replica_split(replicas, weight, split):
     assert replica_split(replicas, weight) == split
 
 
+def split_by_search(replicas: int, weight: int) -> tuple[int, int]:
+    """The rule replica_split implements, by trying every (c, s): the reference for its linear search."""
+    best = min(
+        (round(abs(100 * c / (c + s) - weight), 9), c, -s, s)
+        for c in range(1, replicas + 1)
+        for s in range(1, replicas + 1)
+        if c + s >= replicas
+    )
+    return best[1], best[3]
+
+
+def test_replica_split_is_the_best_pair_of_all():
+    for replicas in range(1, 41):
+        for weight in range(1, 100):
+            assert replica_split(replicas, weight) == split_by_search(replicas, weight), (replicas, weight)
+    for replicas, weight in ((1000, 1), (1000, 33), (997, 50), (1000, 99)):
+        c, s = replica_split(replicas, weight)  # the API allows 1000: linear, not a million pairs
+        assert c >= 1 and s >= 1 and c + s >= replicas and abs(100 * c / (c + s) - weight) < 0.1
+
+
 def _pod(name, rev, gate, ready=True, terminating=False):
     return PodFacts(
         name, rev, terminating, "Running", True, False, None, ready, ready and gate == "True", gate
