@@ -196,15 +196,8 @@ class ModelService:
         self.metrics.on_reject("not_ready")
         raise NotReady(f"model is not ready ({self.state})", retry_after=5.0)
 
-    async def infer(
-        self,
-        inputs: dict[str, np.ndarray],
-        priority: int = 0,
-        timeout_ms: float | None = None,
-        request_id: str = "",
-    ) -> dict[str, np.ndarray]:
-        self.check_admitting()
-        prio = self._priority(priority)
+    async def _prepare(self, inputs: dict[str, np.ndarray]) -> list[Any]:
+        """The model's preprocessing (tokenizing) of a request, after the checks that need none of it."""
         n, limit = item_count(inputs), self.settings.max_queue_size
         if n > limit:
             # never admissible whatever the load: refused before any tokenizing
@@ -214,14 +207,23 @@ class ModelService:
             if data_bytes(inputs) > OFF_LOOP_BYTES:
                 # a large input is tokenized on a worker thread: other requests are not stalled
                 loop = asyncio.get_running_loop()
-                prepared = await loop.run_in_executor(self._preprocessor, self.model.preprocess, inputs)
-            else:
-                prepared = self.model.preprocess(inputs)
+                return await loop.run_in_executor(self._preprocessor, self.model.preprocess, inputs)
+            return self.model.preprocess(inputs)
         except Exception as e:
-            reason = getattr(e, "reason", None)
-            if reason == "too_long":
+            if getattr(e, "reason", None) == "too_long":
                 self.metrics.on_reject("too_long")
             raise
+
+    async def infer(
+        self,
+        inputs: dict[str, np.ndarray],
+        priority: int = 0,
+        timeout_ms: float | None = None,
+        request_id: str = "",
+    ) -> dict[str, np.ndarray]:
+        self.check_admitting()
+        prio = self._priority(priority)
+        prepared = await self._prepare(inputs)
         s = self.settings
         timeout = (
             min(timeout_ms if timeout_ms is not None else s.default_timeout_ms, s.max_timeout_ms) / 1000.0
