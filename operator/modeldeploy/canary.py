@@ -53,7 +53,7 @@ from .api import (
     ModelDeploymentSpec,
     ShadowStatus,
 )
-from .rollout_context import Rollout, seconds_of, window_due
+from .rollout_context import ReconcileContext, seconds_of, window_due
 from .rollout_types import (
     FAILED_KINDS,
     CanaryDecision,
@@ -92,7 +92,7 @@ from .traffic_split import gateway_canary_pods, replica_split
 State = Literal["deployed", "stable", "canary", "lost"]
 
 
-def state_of(ctx: Rollout) -> State:
+def state_of(ctx: ReconcileContext) -> State:
     """Which state the rollout is in.
 
     ``deployed``: the first revision, or the stable revision is gone beyond repair (its Deployment is
@@ -126,11 +126,13 @@ def decide(
 ) -> Decision:
     """The rollout decision for one reconcile (pure, given a pure ``measure`` and ``probe``); ``hold``:
     the CPU fallback is in traffic, nothing is judged."""
-    ctx = Rollout.observe(md, current, live_specs, counts, now, measure, probe, hold)
+    ctx = ReconcileContext.observe(md, current, live_specs, counts, now, measure, probe, hold)
     return ctx.finish(_make_before_break(ctx, STATES[state_of(ctx)](ctx)))
 
 
-def _resumed(ctx: Rollout, analysis: AnalysisStatus | None, *revisions: str) -> AnalysisStatus | None:
+def _resumed(
+    ctx: ReconcileContext, analysis: AnalysisStatus | None, *revisions: str
+) -> AnalysisStatus | None:
     """``kubectl modeldeploy resume`` issued against one of ``revisions``: an analysis paused by query
     errors is judged again (its error count starts over)."""
     cmd = ctx.command_for(None, *revisions)
@@ -146,7 +148,7 @@ def _resumed(ctx: Rollout, analysis: AnalysisStatus | None, *revisions: str) -> 
 HANDOVER_RECHECK = timedelta(seconds=1)
 
 
-def _make_before_break(ctx: Rollout, d: Decision) -> Decision:
+def _make_before_break(ctx: ReconcileContext, d: Decision) -> Decision:
     """No moment without a pod in traffic: while none of the revisions the decision puts in traffic has a
     Ready pod yet (a failback to warm pods whose gates are only now turned True; a rollback to a stable
     whose pods are down), the revisions whose pods are still in traffic keep them there, running. They
@@ -172,7 +174,7 @@ def _make_before_break(ctx: Rollout, d: Decision) -> Decision:
     return d
 
 
-def _deployed(ctx: Rollout) -> Decision:
+def _deployed(ctx: ReconcileContext) -> Decision:
     """The first revision, or the stable revision is gone beyond repair: straight to 100 %, nothing to
     bake (recorded as Deployed: no canary judged it)."""
     gone = ctx.md.status.stable_revision
@@ -196,7 +198,7 @@ def _deployed(ctx: Rollout) -> Decision:
     )
 
 
-def _lost(ctx: Rollout) -> Decision:
+def _lost(ctx: ReconcileContext) -> Decision:
     """The stable revision's Deployment is gone beyond repair and the current revision failed: the failed
     revision stays out of traffic (never promoted because it is all there is); Degraded says what to do.
     ``kubectl modeldeploy promote --full`` against it is the explicit command that puts it in."""
@@ -229,7 +231,7 @@ def _lost(ctx: Rollout) -> Decision:
 # -- stable: at rest, baking, failing back
 
 
-def _stable(ctx: Rollout) -> Decision:
+def _stable(ctx: ReconcileContext) -> Decision:
     """At rest on the stable revision; during ``bakeTime`` after a promotion, baking it; failing back
     from it to the warm previous revision (bake failure or ``kubectl modeldeploy rollback``)."""
     _abort_canary(ctx)
@@ -242,7 +244,7 @@ def _stable(ctx: Rollout) -> Decision:
     return _at_rest(ctx, analysis)
 
 
-def _rollback_command(ctx: Rollout) -> FailBack | None:
+def _rollback_command(ctx: ReconcileContext) -> FailBack | None:
     """``kubectl modeldeploy rollback``, when issued against the stable revision; without a warm previous
     revision it is refused with a warning."""
     cmd = ctx.command
@@ -256,7 +258,7 @@ def _rollback_command(ctx: Rollout) -> FailBack | None:
     return FailBack("manual rollback (kubectl modeldeploy rollback)")
 
 
-def _abort_canary(ctx: Rollout) -> None:
+def _abort_canary(ctx: ReconcileContext) -> None:
     """The spec went back to the stable revision mid-canary: the canary is aborted."""
     canary = ctx.md.status.canary_revision
     if canary is None or canary in (ctx.stable, ctx.current) or has_failed(ctx.history, canary):
@@ -264,7 +266,7 @@ def _abort_canary(ctx: Rollout) -> None:
     ctx.record(canary, "Aborted", "the spec went back to the stable revision")
 
 
-def _bake_end(ctx: Rollout) -> datetime | None:
+def _bake_end(ctx: ReconcileContext) -> datetime | None:
     """When the bake of the stable revision ends, while it bakes (promoted, with a warm previous)."""
     if ctx.previous is None:
         return None
@@ -275,7 +277,9 @@ def _bake_end(ctx: Rollout) -> datetime | None:
     return end if ctx.now < end else None
 
 
-def _baking(ctx: Rollout, analysis: AnalysisStatus | None) -> tuple[AnalysisStatus | None, FailBack | None]:
+def _baking(
+    ctx: ReconcileContext, analysis: AnalysisStatus | None
+) -> tuple[AnalysisStatus | None, FailBack | None]:
     """During ``bakeTime`` after a promotion (with a warm previous to fail back to), the canary's analysis
     goes on on the new stable revision (its agreement with the warm previous one, with minAgreement)."""
     end = _bake_end(ctx)
@@ -302,7 +306,7 @@ def _baking(ctx: Rollout, analysis: AnalysisStatus | None) -> tuple[AnalysisStat
     return analysis, None
 
 
-def _failed_back(ctx: Rollout, analysis: AnalysisStatus | None, fb: FailBack) -> Decision:
+def _failed_back(ctx: ReconcileContext, analysis: AnalysisStatus | None, fb: FailBack) -> Decision:
     """The warm previous revision's pods go into traffic at once (no restart), it is scaled back up; the
     failed stable leaves traffic and is scaled down."""
     stable, previous, n = ctx.stable, ctx.previous, ctx.replicas
@@ -322,7 +326,7 @@ def _failed_back(ctx: Rollout, analysis: AnalysisStatus | None, fb: FailBack) ->
     )
 
 
-def _at_rest(ctx: Rollout, analysis: AnalysisStatus | None) -> Decision:
+def _at_rest(ctx: ReconcileContext, analysis: AnalysisStatus | None) -> Decision:
     stable, current, n = ctx.stable, ctx.current, ctx.replicas
     targets = [
         Target(stable, ctx.spec_of(stable), n, "stable", n),
@@ -352,7 +356,7 @@ def _at_rest(ctx: Rollout, analysis: AnalysisStatus | None) -> Decision:
 # -- canary: deploying, (shadow), step, judging; then promoted, rolled back, or still progressing
 
 
-def _canary(ctx: Rollout) -> Decision:
+def _canary(ctx: ReconcileContext) -> Decision:
     """A canary of the current revision: each state function in turn, until one decides."""
     cs = _deploying(ctx)
     decision: CanaryDecision | None = None
@@ -369,7 +373,7 @@ def _canary(ctx: Rollout) -> Decision:
     return _progressing(ctx, cs)
 
 
-def _deploying(ctx: Rollout) -> CanaryStep:
+def _deploying(ctx: ReconcileContext) -> CanaryStep:
     """Resume the canary of the current revision, or start it (superseding an older canary)."""
     st, current, steps = ctx.md.status, ctx.current, ctx.rollout.steps
     canary = st.canary_revision
@@ -397,7 +401,7 @@ def _deploying(ctx: Rollout) -> CanaryStep:
     return CanaryStep(0, None, None, AnalysisStatus())
 
 
-def _command(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
+def _command(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
     """``kubectl modeldeploy abort|rollback|promote``, when issued against this canary and step."""
     cmd = ctx.command_for(None, ctx.current)
     if cmd is None:
@@ -429,7 +433,7 @@ def _command(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision |
     return cs, None
 
 
-def _split(ctx: Rollout, step: int) -> tuple[int, int]:
+def _split(ctx: ReconcileContext, step: int) -> tuple[int, int]:
     """(canary pods, stable pods in traffic) at ``step``."""
     n, weight = ctx.replicas, ctx.rollout.steps[step]
     if ctx.rollout.traffic_routing.mode == "replicas":
@@ -437,7 +441,7 @@ def _split(ctx: Rollout, step: int) -> tuple[int, int]:
     return gateway_canary_pods(n, weight), n
 
 
-def _step(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
+def _step(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
     """The step's pods: its clock starts once they are in traffic; waiting for them never lasts past
     ``progressDeadline`` (never silently forever), except while paused."""
     if cs.shadow is not None:
@@ -465,7 +469,7 @@ def _step(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | No
     return cs, None
 
 
-def _judging(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
+def _judging(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
     """A step whose interval is over is judged: pass -> next step (or promotion after the last),
     fail -> rollback, hold -> judged again one interval later. Not while paused."""
     ro, started = ctx.rollout, cs.started
@@ -499,7 +503,7 @@ def _judging(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision |
     return cs, None
 
 
-def _next_step(ctx: Rollout, cs: CanaryStep) -> CanaryStep:
+def _next_step(ctx: ReconcileContext, cs: CanaryStep) -> CanaryStep:
     """On to the next step; it starts at once when enough canary pods are already in traffic."""
     step = cs.step + 1
     ctx.events.append(
@@ -513,7 +517,7 @@ def _next_step(ctx: Rollout, cs: CanaryStep) -> CanaryStep:
     return replace(cs, step=step, started=None, waiting=ctx.now)
 
 
-def _progressing(ctx: Rollout, cs: CanaryStep) -> Decision:
+def _progressing(ctx: ReconcileContext, cs: CanaryStep) -> Decision:
     """Mid-canary: the stable keeps all its pods, ``s`` of them in traffic next to the step's canary pods.
     In the shadow stage: every stable pod in traffic, the shadow's pods warm and out of traffic."""
     if cs.shadow is not None:
@@ -559,7 +563,7 @@ def _progressing(ctx: Rollout, cs: CanaryStep) -> Decision:
     )
 
 
-def _promoted(ctx: Rollout, cs: CanaryStep, p: Promote) -> Decision:
+def _promoted(ctx: ReconcileContext, cs: CanaryStep, p: Promote) -> Decision:
     """The canary becomes stable; the old stable keeps ``keepPrevious.replicas`` pods warm, out of
     traffic, for ``keepPrevious.ttl``; the bake analysis starts one interval later."""
     stable, current, ro, now, n = ctx.stable, ctx.current, ctx.rollout, ctx.now, ctx.replicas
@@ -591,7 +595,7 @@ def _promoted(ctx: Rollout, cs: CanaryStep, p: Promote) -> Decision:
     )
 
 
-def _rolled_back(ctx: Rollout, cs: CanaryStep, rb: RollBack) -> Decision:
+def _rolled_back(ctx: ReconcileContext, cs: CanaryStep, rb: RollBack) -> Decision:
     """The canary's pods leave traffic at once, the stable takes 100 %; the failed revision is scaled down
     (kept out of traffic for ``abortScaleDownDelay`` first); Degraded until the spec changes."""
     stable, current, n = ctx.stable, ctx.current, ctx.replicas
@@ -614,7 +618,7 @@ def _rolled_back(ctx: Rollout, cs: CanaryStep, rb: RollBack) -> Decision:
     )
 
 
-STATES: dict[State, Callable[[Rollout], Decision]] = {
+STATES: dict[State, Callable[[ReconcileContext], Decision]] = {
     "deployed": _deployed,
     "stable": _stable,
     "canary": _canary,

@@ -1,5 +1,6 @@
 """One reconcile of the rollout as the state functions of :mod:`modeldeploy.canary` see it
-(:class:`Rollout`): what was observed and what has been decided so far; and the step clock's helpers."""
+(:class:`ReconcileContext`): what was observed and what has been decided so far; and the step clock's
+helpers."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def window_due(rollout: RolloutSpec, started: datetime, analysis: AnalysisStatus
 
 
 @dataclass
-class Rollout:
+class ReconcileContext:
     """One reconcile of the rollout: what was observed (the object and its status, the live revisions,
     their pods, the clock, the analysis) and what has been decided so far (history, events, results,
     when to look again). The state functions below read it and add to it; none does I/O."""
@@ -84,7 +85,7 @@ class Rollout:
         measure: Measure | None,
         probe: Probe | None = None,
         hold: bool = False,
-    ) -> Rollout:
+    ) -> ReconcileContext:
         st = md.status
         ctx = cls(
             md=md,

@@ -13,7 +13,7 @@ from .api import (
     ShadowStatus,
     parse_duration,
 )
-from .rollout_context import Rollout, seconds_of, window_due
+from .rollout_context import ReconcileContext, seconds_of, window_due
 from .rollout_types import (
     CanaryDecision,
     CanaryStep,
@@ -35,7 +35,7 @@ SHADOW_RECHECK = timedelta(seconds=2)
 SHADOW_REFRESH = timedelta(seconds=5)
 
 
-def end_shadow(ctx: Rollout, cs: CanaryStep) -> CanaryStep:
+def end_shadow(ctx: ReconcileContext, cs: CanaryStep) -> CanaryStep:
     """The shadow stage is over: step 0 begins (its clock starts once its pods are in traffic)."""
     kept = cs.analysis.measurements if cs.analysis else []
     return replace(
@@ -43,7 +43,7 @@ def end_shadow(ctx: Rollout, cs: CanaryStep) -> CanaryStep:
     )
 
 
-def shadowing(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
+def shadowing(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
     """The shadow stage: wait for the shadow's pods (warm, out of traffic) and for every stable server to
     report copying (never past ``progressDeadline``); then judge at the end of ``duration`` (and every
     ``interval`` before it, if shorter): fail -> rollback, pass -> the canary steps, hold -> again one
@@ -117,7 +117,7 @@ def shadowing(ctx: Rollout, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision 
 
 
 def _shadow_waiting(
-    ctx: Rollout, cs: CanaryStep, sh: ShadowStatus, spec: ShadowSpec
+    ctx: ReconcileContext, cs: CanaryStep, sh: ShadowStatus, spec: ShadowSpec
 ) -> tuple[CanaryStep, CanaryDecision | None]:
     """Before the shadow's clock: its pods warm, then every stable server copying."""
     ro, now, current, stable = ctx.rollout, ctx.now, ctx.current, ctx.stable
@@ -154,7 +154,7 @@ def _shadow_waiting(
     return cs, None
 
 
-def shadow_progressing(ctx: Rollout, cs: CanaryStep, sh: ShadowStatus) -> Decision:
+def shadow_progressing(ctx: ReconcileContext, cs: CanaryStep, sh: ShadowStatus) -> Decision:
     stable, current, ro, n = ctx.stable, ctx.current, ctx.rollout, ctx.replicas
     spec = ro.shadow
     assert spec is not None
