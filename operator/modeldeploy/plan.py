@@ -308,6 +308,60 @@ def compute_status(
     """The status for this plan, and the events its changes are worth."""
     old = md.status
     want = md.spec.replicas
+    revisions = revision_rows(md, decision, counts)
+    in_traffic_total = sum(r.in_traffic_replicas for r in revisions)
+    is_ready = in_traffic_total >= want
+    ready_text = f"{min(in_traffic_total, want)}/{want}"
+    wanted = wanted_conditions(md, current, decision, counts, revisions, error, fallback_status)
+    ready_c, degraded_c = wanted[0], wanted[2]
+    assert ready_c.type == READY and degraded_c.type == DEGRADED
+    progressing = decision.progressing_reason is not None
+    stable_target = next((t for t in decision.targets if t.revision == decision.stable), None)
+    stable_spec = old.stable_spec if old.stable_revision == decision.stable else None
+    if stable_target is not None:
+        stable_spec = spec_json(stable_target.spec)
+    status = old.model_copy(
+        update={
+            "observed_generation": md.generation,
+            "revision": current,
+            "stable_revision": decision.stable,
+            "stable_spec": stable_spec,
+            "canary_revision": decision.canary,
+            "canary_weight": decision.weight,
+            "achieved_canary_weight": canary_achieved(decision, counts),
+            "previous_revision": decision.previous,
+            "previous_expires_at": decision.previous_expires_at,
+            "step": decision.step,
+            "step_started_at": decision.step_started_at,
+            "step_waiting_since": decision.step_waiting_since,
+            "analysis": decision.analysis,
+            "shadow": decision.shadow,
+            "fallback": fallback_status,
+            "replicas": sum(t.replicas for t in decision.targets),
+            "serving_replicas": want,
+            "autoscaler": md.name if md.spec.autoscaling is not None else None,
+            "selector": f"{builders.LABEL_NAME}={md.name}",
+            "ready_replicas": in_traffic_total,
+            "ready": ready_text,
+            "revisions": revisions,
+            "conditions": merge_conditions(old.conditions, wanted, md.generation, now),
+            "history": decision.history,
+            "phase": phase_of(
+                is_ready,
+                progressing,
+                degraded_c.status == "True",
+                (md.spec.rollout.paused or decision.progressing_reason == "AnalysisPaused") and progressing,
+                shadowing=decision.shadow is not None,
+            ),
+        }
+    )
+    return status, status_events(old, status)
+
+
+def revision_rows(
+    md: ModelDeployment, decision: rt.Decision, counts: Mapping[str, RevisionCounts]
+) -> list[RevisionStatus]:
+    """``status.revisions``: one row per planned revision, with its pods as counted."""
     revisions: list[RevisionStatus] = []
     for t in decision.targets:
         pods = counts.get(t.revision, RevisionCounts())
@@ -325,54 +379,48 @@ def compute_status(
                 model_version=t.spec.model.version,
             )
         )
-    in_traffic_total = sum(r.in_traffic_replicas for r in revisions)
-    achieved = None
-    if decision.canary is not None:
-        if decision.routing_mode == "gatewayAPI":
-            achieved = route_weight(decision, counts)  # exact: the route's weights
-        else:
-            canary_in = counts.get(decision.canary, RevisionCounts()).in_traffic
-            stable_in = counts.get(decision.stable, RevisionCounts()).in_traffic
-            achieved = achieved_weight(canary_in, stable_in) or 0
+    return revisions
 
-    # -- conditions
+
+def canary_achieved(decision: rt.Decision, counts: Mapping[str, RevisionCounts]) -> int | None:
+    """The canary's achieved weight: the route's weights (gatewayAPI) or its share of the pods in traffic."""
+    if decision.canary is None:
+        return None
+    if decision.routing_mode == "gatewayAPI":
+        return route_weight(decision, counts)  # exact: the route's weights
+    canary_in = counts.get(decision.canary, RevisionCounts()).in_traffic
+    stable_in = counts.get(decision.stable, RevisionCounts()).in_traffic
+    return achieved_weight(canary_in, stable_in) or 0
+
+
+def wanted_conditions(
+    md: ModelDeployment,
+    current: str,
+    decision: rt.Decision,
+    counts: Mapping[str, RevisionCounts],
+    revisions: Sequence[RevisionStatus],
+    error: str | None,
+    fallback_status: FallbackStatus | None,
+) -> list[ConditionSpec]:
+    """Ready, Progressing, Degraded (in that order), then ModelAvailable and FallbackActive where they
+    apply."""
+    want = md.spec.replicas
+    in_traffic_total = sum(r.in_traffic_replicas for r in revisions)
     is_ready = in_traffic_total >= want
-    ready_text = f"{min(in_traffic_total, want)}/{want}"
     ready_c = ConditionSpec(
         READY,
         "True" if is_ready else "False",
         "ScaledToZero" if want == 0 else ("MinimumReplicasReady" if is_ready else "ReplicasNotReady"),
-        f"{ready_text} pods ready and in traffic",
+        f"{min(in_traffic_total, want)}/{want} pods ready and in traffic",
     )
-    progressing = decision.progressing_reason is not None
     progressing_c = ConditionSpec(
         PROGRESSING,
-        "True" if progressing else "False",
+        "True" if decision.progressing_reason is not None else "False",
         decision.progressing_reason or "RolloutComplete",
         decision.progressing_message,
     )
-    unschedulable = [r for r in revisions if r.unschedulable_replicas]
     model_c = model_available(md, current, counts)
-    if error is not None:
-        degraded_c = ConditionSpec(DEGRADED, "True", "ReconcileError", error)
-    elif decision.degraded_reason is not None:
-        degraded_c = ConditionSpec(DEGRADED, "True", decision.degraded_reason, decision.degraded_message)
-    elif unschedulable:
-        degraded_c = ConditionSpec(
-            DEGRADED,
-            "True",
-            "PodsUnschedulable",
-            "; ".join(
-                f"revision {r.revision}: {r.unschedulable_replicas} pod(s) unschedulable: "
-                f"{r.scheduling_message}"
-                for r in unschedulable
-            ),
-        )
-    elif model_c is not None and model_c.status == "False":
-        degraded_c = ConditionSpec(DEGRADED, "True", "ModelUnavailable", model_c.message)
-    else:
-        degraded_c = ConditionSpec(DEGRADED, "False", "AsExpected", "")
-    wanted = [ready_c, progressing_c, degraded_c]
+    wanted = [ready_c, progressing_c, degraded_condition(decision, revisions, model_c, error)]
     if model_c is not None:
         wanted.append(model_c)
     if md.spec.fallback is not None:
@@ -385,48 +433,40 @@ def compute_status(
                 (fallback_status.cause or "") if fb_on and fallback_status is not None else "",
             )
         )
-    conditions = merge_conditions(old.conditions, wanted, md.generation, now)
+    return wanted
 
-    stable_target = next((t for t in decision.targets if t.revision == decision.stable), None)
-    stable_spec = old.stable_spec if old.stable_revision == decision.stable else None
-    if stable_target is not None:
-        stable_spec = spec_json(stable_target.spec)
-    status = old.model_copy(
-        update={
-            "observed_generation": md.generation,
-            "revision": current,
-            "stable_revision": decision.stable,
-            "stable_spec": stable_spec,
-            "canary_revision": decision.canary,
-            "canary_weight": decision.weight,
-            "achieved_canary_weight": achieved,
-            "previous_revision": decision.previous,
-            "previous_expires_at": decision.previous_expires_at,
-            "step": decision.step,
-            "step_started_at": decision.step_started_at,
-            "step_waiting_since": decision.step_waiting_since,
-            "analysis": decision.analysis,
-            "shadow": decision.shadow,
-            "fallback": fallback_status,
-            "replicas": sum(t.replicas for t in decision.targets),
-            "serving_replicas": want,
-            "autoscaler": md.name if md.spec.autoscaling is not None else None,
-            "selector": f"{builders.LABEL_NAME}={md.name}",
-            "ready_replicas": in_traffic_total,
-            "ready": ready_text,
-            "revisions": revisions,
-            "conditions": conditions,
-            "history": decision.history,
-            "phase": phase_of(
-                is_ready,
-                progressing,
-                degraded_c.status == "True",
-                (md.spec.rollout.paused or decision.progressing_reason == "AnalysisPaused") and progressing,
-                shadowing=decision.shadow is not None,
+
+def degraded_condition(
+    decision: rt.Decision,
+    revisions: Sequence[RevisionStatus],
+    model_c: ConditionSpec | None,
+    error: str | None,
+) -> ConditionSpec:
+    """Degraded, by the first reason that holds: an error, the rollout's own, unschedulable pods, the
+    model."""
+    unschedulable = [r for r in revisions if r.unschedulable_replicas]
+    if error is not None:
+        return ConditionSpec(DEGRADED, "True", "ReconcileError", error)
+    if decision.degraded_reason is not None:
+        return ConditionSpec(DEGRADED, "True", decision.degraded_reason, decision.degraded_message)
+    if unschedulable:
+        return ConditionSpec(
+            DEGRADED,
+            "True",
+            "PodsUnschedulable",
+            "; ".join(
+                f"revision {r.revision}: {r.unschedulable_replicas} pod(s) unschedulable: "
+                f"{r.scheduling_message}"
+                for r in unschedulable
             ),
-        }
-    )
+        )
+    if model_c is not None and model_c.status == "False":
+        return ConditionSpec(DEGRADED, "True", "ModelUnavailable", model_c.message)
+    return ConditionSpec(DEGRADED, "False", "AsExpected", "")
 
+
+def status_events(old: ModelDeploymentStatus, status: ModelDeploymentStatus) -> list[EventSpec]:
+    """The events a status change is worth: flipped conditions, and pods newly unschedulable."""
     events: list[EventSpec] = []
     for cond in flipped(old, status):
         if cond.type == DEGRADED and cond.status == "False" and condition_absent(old, DEGRADED):
@@ -446,7 +486,9 @@ def compute_status(
             )
         )
     old_sched = {r.revision: (r.unschedulable_replicas, r.scheduling_message) for r in old.revisions}
-    for r in unschedulable:
+    for r in status.revisions:
+        if not r.unschedulable_replicas:
+            continue
         if old_sched.get(r.revision) != (r.unschedulable_replicas, r.scheduling_message):
             events.append(
                 EventSpec(
@@ -456,7 +498,7 @@ def compute_status(
                     f"{r.scheduling_message}",
                 )
             )
-    return status, events
+    return events
 
 
 def model_available(
