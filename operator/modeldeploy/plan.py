@@ -229,37 +229,7 @@ def plan(
     decision = fb.decision
     targets = decision.targets
     mirror = decision.mirror
-    in_traffic = {t.revision: t.in_traffic_pods for t in targets}
-
-    # -- desired children
-    desired: list[dict[str, Any]] = []
-    for t in targets:
-        desired.append(builders.build_deployment(md, t.spec, t.revision, t.replicas))
-    desired.append(builders.build_model_service(md))
-    for t in targets:
-        publish = mirror is not None and mirror.target == t.revision and in_traffic.get(t.revision, 0) == 0
-        desired.append(builders.build_revision_service(md, t.revision, publish_not_ready=publish))
-    desired.append(builders.build_pdb(md))
-    if md.spec.rollout.traffic_routing.mode == "gatewayAPI":
-        weight = route_weight(decision, counts)
-        desired.append(
-            routing.build_httproute(
-                md,
-                decision.stable,
-                decision.canary,
-                weight,
-                decision.fallback_revision,
-                header_canary=header_canary(decision, counts),
-            )
-        )
-    autoscaler_error = None
-    if md.spec.autoscaling is not None:
-        a = md.spec.autoscaling
-        url = a.prometheus_url or md.spec.rollout.analysis.prometheus_url or prometheus_url
-        if url:
-            desired.append(autoscaling.build_scaled_object(md, a, url))
-        else:
-            autoscaler_error = "spec.autoscaling: no Prometheus URL (set spec.autoscaling.prometheusUrl)"
+    desired, autoscaler_error = desired_children(md, decision, counts, prometheus_url)
     desired_names = {(o["kind"], o["metadata"]["name"]) for o in desired}
 
     # -- owned children that no longer belong
@@ -294,6 +264,46 @@ def plan(
         clear_command=decision.command_seen,
         pod_annotations=annotations,
     )
+
+
+def desired_children(
+    md: ModelDeployment,
+    decision: rt.Decision,
+    counts: Mapping[str, RevisionCounts],
+    prometheus_url: str | None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The children this decision wants (Deployments, Services, the PDB, the HTTPRoute, the
+    ScaledObject), and why the ScaledObject is missing when ``spec.autoscaling`` cannot have one."""
+    targets, mirror = decision.targets, decision.mirror
+    in_traffic = {t.revision: t.in_traffic_pods for t in targets}
+    desired: list[dict[str, Any]] = []
+    for t in targets:
+        desired.append(builders.build_deployment(md, t.spec, t.revision, t.replicas))
+    desired.append(builders.build_model_service(md))
+    for t in targets:
+        publish = mirror is not None and mirror.target == t.revision and in_traffic.get(t.revision, 0) == 0
+        desired.append(builders.build_revision_service(md, t.revision, publish_not_ready=publish))
+    desired.append(builders.build_pdb(md))
+    if md.spec.rollout.traffic_routing.mode == "gatewayAPI":
+        weight = route_weight(decision, counts)
+        desired.append(
+            routing.build_httproute(
+                md,
+                decision.stable,
+                decision.canary,
+                weight,
+                decision.fallback_revision,
+                header_canary=header_canary(decision, counts),
+            )
+        )
+    if md.spec.autoscaling is None:
+        return desired, None
+    a = md.spec.autoscaling
+    url = a.prometheus_url or md.spec.rollout.analysis.prometheus_url or prometheus_url
+    if not url:
+        return desired, "spec.autoscaling: no Prometheus URL (set spec.autoscaling.prometheusUrl)"
+    desired.append(autoscaling.build_scaled_object(md, a, url))
+    return desired, None
 
 
 def compute_status(
