@@ -73,6 +73,23 @@ def _seconds(d: str) -> timedelta:
     return timedelta(seconds=parse_duration(d))
 
 
+@dataclass
+class _Look:
+    """One reconcile's view of the fallback: what the state functions read, and the events and wake-up
+    times they add."""
+
+    md: ModelDeployment
+    decision: Decision
+    fb: FallbackSpec
+    rev: str  # the fallback revision
+    old: FallbackStatus | None
+    stable: RevisionCounts  # the stable revision's pods
+    others_in: int  # pods in traffic outside the fallback
+    now: datetime
+    events: list[Event]
+    wake: list[datetime]
+
+
 def adjust(
     md: ModelDeployment,
     decision: Decision,
@@ -91,61 +108,88 @@ def adjust(
             gone = Event("Warning", "FallbackRemoved", "spec.fallback removed or disabled while in traffic")
             return Result(replace(decision, events=[*decision.events, gone]), None)
         return Result(decision, None)
-    fb = md.spec.fallback
     rev = builders.spec_revision(fb_spec)
+    look = _Look(
+        md,
+        decision,
+        md.spec.fallback,
+        rev,
+        old,
+        counts.get(decision.stable, RevisionCounts()),
+        sum(c.in_traffic for r, c in counts.items() if r != rev),
+        now,
+        [],
+        [],
+    )
     # an edit of spec.fallback makes a new fallback revision: it inherits the state (an active fallback
     # stays active, on its new revision)
     st = old.model_copy(update={"revision": rev}) if old is not None else FallbackStatus(revision=rev)
-    mine = counts.get(rev, RevisionCounts())
-    others_in = sum(c.in_traffic for r, c in counts.items() if r != rev)
-    stable = counts.get(decision.stable, RevisionCounts())
-    want = md.spec.replicas
-    events: list[Event] = []
-    wake: list[datetime] = []
-
     if st.state == "Idle":
-        served_before = (md.status.ready_replicas or 0) > 0 or (
-            old is not None and old.no_traffic_since is not None
-        )
-        if want > 0 and others_in == 0 and (served_before or stable.unschedulable > 0):
-            since = st.no_traffic_since or now
-            st = st.model_copy(update={"no_traffic_since": since})
-            if now - since >= _seconds(fb.after):
-                cause = _cause(decision.stable, stable, now - since)
-                st = FallbackStatus(revision=rev, state="Active", active_since=now, cause=cause)
-                events.append(
-                    Event("Warning", "FallbackActivated", f"revision {rev} (CPU) takes the traffic: {cause}")
-                )
-            else:
-                wake.append(since + _seconds(fb.after))
-        else:
-            st = st.model_copy(update={"no_traffic_since": None})
-
+        st = _idle(look, st)
     if st.state == "Active":
-        if want > 0 and stable.ready >= want:
-            ready = st.ready_since or now
-            st = st.model_copy(update={"ready_since": ready})
-            if now - ready >= _seconds(fb.return_after):
-                st = st.model_copy(update={"state": "Returning"})
-                events.append(
-                    Event(
-                        "Normal",
-                        "FallbackReturning",
-                        f"revision {decision.stable}: {stable.ready}/{want} GPU pods ready for "
-                        f"{fb.return_after}; traffic returns to them",
-                    )
-                )
-            else:
-                wake.append(ready + _seconds(fb.return_after))
-        else:
-            st = st.model_copy(update={"ready_since": None})
+        st = _active(look, st)
+    if st.state == "Returning":
+        st = _returning(look, st)
+    return Result(_applied(look, st, fb_spec, counts.get(rev, RevisionCounts())), st)
 
-    if st.state == "Returning" and stable.in_traffic > 0:
-        events.append(
-            Event("Normal", "FallbackDeactivated", f"revision {decision.stable} serves again; fallback idle")
+
+def _idle(look: _Look, st: FallbackStatus) -> FallbackStatus:
+    """No pod in traffic outside the fallback, after serving (or with unschedulable pods), for ``after``:
+    the fallback takes the traffic."""
+    md, fb, now, old = look.md, look.fb, look.now, look.old
+    served_before = (md.status.ready_replicas or 0) > 0 or (
+        old is not None and old.no_traffic_since is not None
+    )
+    if not (
+        md.spec.replicas > 0 and look.others_in == 0 and (served_before or look.stable.unschedulable > 0)
+    ):
+        return st.model_copy(update={"no_traffic_since": None})
+    since = st.no_traffic_since or now
+    st = st.model_copy(update={"no_traffic_since": since})
+    if now - since < _seconds(fb.after):
+        look.wake.append(since + _seconds(fb.after))
+        return st
+    cause = _cause(look.decision.stable, look.stable, now - since)
+    look.events.append(
+        Event("Warning", "FallbackActivated", f"revision {look.rev} (CPU) takes the traffic: {cause}")
+    )
+    return FallbackStatus(revision=look.rev, state="Active", active_since=now, cause=cause)
+
+
+def _active(look: _Look, st: FallbackStatus) -> FallbackStatus:
+    """Every pod of the stable revision ready for ``returnAfter``: the traffic returns to it."""
+    want, fb, now = look.md.spec.replicas, look.fb, look.now
+    if not (want > 0 and look.stable.ready >= want):
+        return st.model_copy(update={"ready_since": None})
+    ready = st.ready_since or now
+    st = st.model_copy(update={"ready_since": ready})
+    if now - ready < _seconds(fb.return_after):
+        look.wake.append(ready + _seconds(fb.return_after))
+        return st
+    look.events.append(
+        Event(
+            "Normal",
+            "FallbackReturning",
+            f"revision {look.decision.stable}: {look.stable.ready}/{want} GPU pods ready for "
+            f"{fb.return_after}; traffic returns to them",
         )
-        st = FallbackStatus(revision=rev)
+    )
+    return st.model_copy(update={"state": "Returning"})
 
+
+def _returning(look: _Look, st: FallbackStatus) -> FallbackStatus:
+    """A GPU pod in traffic again: the fallback goes idle."""
+    if look.stable.in_traffic == 0:
+        return st
+    look.events.append(
+        Event("Normal", "FallbackDeactivated", f"revision {look.decision.stable} serves again; fallback idle")
+    )
+    return FallbackStatus(revision=look.rev)
+
+
+def _applied(look: _Look, st: FallbackStatus, fb_spec: ModelDeploymentSpec, mine: RevisionCounts) -> Decision:
+    """The decision with the fallback revision's pods, and its traffic while Active or Returning."""
+    decision, fb, rev = look.decision, look.fb, look.rev
     targets = [t for t in decision.targets if t.revision != rev]
     if st.state == "Active":
         targets = [replace(t, in_traffic_pods=0) for t in targets]
@@ -153,22 +197,22 @@ def adjust(
         route = True
     elif st.state == "Returning":
         targets.append(Target(rev, fb_spec, fb.replicas, "fallback", mine.in_traffic))
-        wake.append(now + RECHECK)
+        look.wake.append(look.now + RECHECK)
         route = True  # the gateway keeps the fallback until a GPU pod is Ready (make before break)
     else:
         if fb.idle_replicas > 0:
             targets.append(Target(rev, fb_spec, fb.idle_replicas, "fallback", 0))
         route = False
-    d = replace(decision, targets=targets, events=[*decision.events, *events])
+    d = replace(decision, targets=targets, events=[*decision.events, *look.events])
     d.fallback_revision = None
     if route:
         d.fallback_revision = rev
         d.degraded_reason = "FallbackActive"
         d.degraded_message = f"CPU fallback revision {rev} in traffic: {st.cause}"
-    wake_at = min(wake) if wake else None
+    wake_at = min(look.wake) if look.wake else None
     if wake_at is not None:
         d.requeue_at = wake_at if d.requeue_at is None else min(d.requeue_at, wake_at)
-    return Result(d, st)
+    return d
 
 
 def _cause(revision: str, counts: RevisionCounts, waited: timedelta) -> str:
