@@ -32,8 +32,8 @@ from .api import (
     ModelDeployment,
     ModelDeploymentSpec,
     ResourcesSpec,
-    parse_duration,
 )
+from .rollout_context import seconds_of
 from .rollout_types import Decision, Event, Target
 from .status import RevisionCounts
 
@@ -41,7 +41,7 @@ RECHECK = timedelta(seconds=1)
 
 
 @dataclass
-class Result:
+class FallbackResult:
     decision: Decision  # with the fallback's targets, events and requeue time
     status: FallbackStatus | None
 
@@ -69,10 +69,6 @@ def fallback_spec(spec: ModelDeploymentSpec, fb: FallbackSpec | None = None) -> 
     )
 
 
-def _seconds(d: str) -> timedelta:
-    return timedelta(seconds=parse_duration(d))
-
-
 @dataclass
 class _Look:
     """One reconcile's view of the fallback: what the state functions read, and the events and wake-up
@@ -95,7 +91,7 @@ def adjust(
     decision: Decision,
     counts: dict[str, RevisionCounts],
     now: datetime,
-) -> Result:
+) -> FallbackResult:
     """The decision with the fallback applied (pure)."""
     stable_spec = md.spec if decision.stable == builders.spec_revision(md.spec) else None
     for t in decision.targets:
@@ -106,8 +102,8 @@ def adjust(
     if fb_spec is None or md.spec.fallback is None:
         if old is not None and old.state != "Idle":
             gone = Event("Warning", "FallbackRemoved", "spec.fallback removed or disabled while in traffic")
-            return Result(replace(decision, events=[*decision.events, gone]), None)
-        return Result(decision, None)
+            return FallbackResult(replace(decision, events=[*decision.events, gone]), None)
+        return FallbackResult(decision, None)
     rev = builders.spec_revision(fb_spec)
     look = _Look(
         md,
@@ -130,7 +126,7 @@ def adjust(
         st = _active(look, st)
     if st.state == "Returning":
         st = _returning(look, st)
-    return Result(_applied(look, st, fb_spec, counts.get(rev, RevisionCounts())), st)
+    return FallbackResult(_applied(look, st, fb_spec, counts.get(rev, RevisionCounts())), st)
 
 
 def _idle(look: _Look, st: FallbackStatus) -> FallbackStatus:
@@ -146,8 +142,8 @@ def _idle(look: _Look, st: FallbackStatus) -> FallbackStatus:
         return st.model_copy(update={"no_traffic_since": None})
     since = st.no_traffic_since or now
     st = st.model_copy(update={"no_traffic_since": since})
-    if now - since < _seconds(fb.after):
-        look.wake.append(since + _seconds(fb.after))
+    if now - since < seconds_of(fb.after):
+        look.wake.append(since + seconds_of(fb.after))
         return st
     cause = _cause(look.decision.stable, look.stable, now - since)
     look.events.append(
@@ -163,8 +159,8 @@ def _active(look: _Look, st: FallbackStatus) -> FallbackStatus:
         return st.model_copy(update={"ready_since": None})
     ready = st.ready_since or now
     st = st.model_copy(update={"ready_since": ready})
-    if now - ready < _seconds(fb.return_after):
-        look.wake.append(ready + _seconds(fb.return_after))
+    if now - ready < seconds_of(fb.return_after):
+        look.wake.append(ready + seconds_of(fb.return_after))
         return st
     look.events.append(
         Event(
