@@ -500,8 +500,7 @@ class Reconciler:
         if isinstance(err, Conflict):
             return  # a newer version exists; it will be reconciled
         message = str(err)[:1000]
-        reason = getattr(err, "reason", None) if isinstance(err, NameConflict) else None
-        reason = reason or "ReconcileError"
+        reason = NameConflict.reason if isinstance(err, NameConflict) else "ReconcileError"
         self.event(raw, EventSpec("Warning", reason, message))
         try:
             patch = status_patch(raw.get("status"), error_status(md, message, self.clock(), reason))
