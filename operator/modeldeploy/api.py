@@ -170,11 +170,15 @@ class CABundleSpec(ApiModel):
 
 
 class NodeCacheSpec(ApiModel):
-    """A node-local cache of fetched models (a hostPath directory shared by the pods of a node)."""
+    """A node-local cache of fetched models: one hostPath directory per namespace on each node, written
+    only by the operator's fetch image, every hit verified against its files."""
 
     enabled: bool = Field(default=True, description="Fetch through the node's cache.")
     max_size: Quantity = Field(
-        default="100Gi", description="Size cap of the node's cache; least recently used models go first."
+        default="100Gi",
+        description="Size cap of this namespace's part of the node's cache (least recently used models go "
+        "first); the operator's per-namespace cap applies when it is smaller. Never evicts another "
+        "namespace's models.",
     )
 
     _q = field_validator("max_size")(check_quantity)

@@ -182,7 +182,7 @@ def server_env(md_name: str, spec: ModelDeploymentSpec, revision: str = "") -> l
     """Environment of the server container: model and batching settings (``MODELSERVER_*``), and the
     ModelDeployment's name and the pod's revision (``MODELDEPLOY_*``)."""
     m, b = spec.model, spec.batching
-    source = model_storage.model_source(spec, spec.image or default_image())
+    source = model_storage.model_source(spec, "")  # the server's side: the same in every namespace
     env = {
         "MODELSERVER_MODEL_URI": source.server_uri,
         "MODELSERVER_MODEL_NAME": m.name,
@@ -251,7 +251,7 @@ CONTAINER_SECURITY: dict[str, Any] = {
 def pod_template(md: ModelDeployment, spec: ModelDeploymentSpec, revision: str) -> dict[str, Any]:
     labels = {**common_labels(md), LABEL_REVISION: revision, LABEL_COMPONENT: "server"}
     image = spec.image or default_image()
-    source = model_storage.model_source(spec, image, CONTAINER_SECURITY, resources(spec))
+    source = model_storage.model_source(spec, md.namespace, CONTAINER_SECURITY, resources(spec))
     container = {
         "name": CONTAINER_NAME,
         "image": image,

@@ -1,8 +1,14 @@
 """Where a revision's pods get the model from: the pure part of ``spec.model.uri``'s storage schemes.
 
-* ``s3://bucket/prefix``: an init container ``fetch-model`` (the serving image, ``python -m
-  modelserver.fetch``) downloads the object or prefix into the pod's ``model`` emptyDir, optionally
-  through a node-local cache (a hostPath directory); the server then loads ``file:///mnt/models``.
+* ``s3://bucket/prefix``: an init container ``fetch-model`` downloads the object or prefix into the pod's
+  ``model`` emptyDir (``sizeLimit``: ``storage.maxSize``, else the chart's), optionally through a
+  node-local cache; the server then loads ``file:///mnt/models``. The init container runs the operator's
+  fetch image (:func:`fetch_image`, the chart's ``operator.fetchImage``), never the author's
+  ``spec.image``: it is the only code that writes the node cache (issue 24, finding 1). The cache is one
+  hostPath directory per namespace, ``<nodeCachePath>/<namespace>``, the only one mounted writable; the
+  whole cache is mounted read-only beside it so that a fill can keep the node under the chart's node-wide
+  cap by evicting its own namespace's entries. Both caps are the chart's; ``nodeCache.maxSize`` may only
+  lower the namespace's.
   Credentials come from ``spec.model.storage.secretRef`` as ``secretKeyRef`` env: the operator never
   reads the Secret. A failed fetch writes one line ``<Reason>: <message>`` to its termination message,
   which :func:`fetch_failure` reads back from the pod status (the ``ModelAvailable`` condition).
@@ -20,7 +26,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from .api import ModelDeploymentSpec, StorageSpec, parse_duration
+from .api import ModelDeploymentSpec, StorageSpec, default_image, parse_duration
 
 FETCH_CONTAINER = "fetch-model"
 FETCH_COMMAND = ["python", "-m", "modelserver.fetch"]
@@ -40,8 +46,40 @@ def cache_host_path() -> str:
     return os.environ.get("MODELDEPLOY_NODE_CACHE_PATH") or CACHE_HOST_PATH
 
 
-#: in the fetch container
+#: in the fetch container: this namespace's cache (read-write) and the node's whole cache (read-only)
 CACHE_DIR = "/var/cache/modeldeploy/models"
+NODE_CACHE_VOLUME = "model-cache-node"
+NODE_CACHE_DIR = "/var/cache/modeldeploy/node"
+#: the chart's caps (``nodeCache.maxSizePerNamespace``, ``nodeCache.maxSize``) and the model emptyDir's
+#: ``sizeLimit`` where ``storage.maxSize`` is unset (``operator.modelVolumeSizeLimit``)
+DEFAULT_NAMESPACE_CACHE_MAX = "100Gi"
+DEFAULT_NODE_CACHE_MAX = "200Gi"
+DEFAULT_MODEL_VOLUME_LIMIT = "100Gi"
+
+
+def fetch_image() -> str:
+    """The fetch init container's image: ``$MODELDEPLOY_FETCH_IMAGE`` (the chart's ``operator.fetchImage``,
+    pinned by digest in production) or the operator's default serving image -- never ``spec.image``."""
+    return os.environ.get("MODELDEPLOY_FETCH_IMAGE") or default_image()
+
+
+def _env_bytes(name: str, default: str) -> int:
+    return int(parse_quantity(os.environ.get(name) or default))
+
+
+def namespace_cache_max() -> int:
+    return _env_bytes("MODELDEPLOY_NODE_CACHE_NAMESPACE_MAX", DEFAULT_NAMESPACE_CACHE_MAX)
+
+
+def node_cache_max() -> int:
+    return _env_bytes("MODELDEPLOY_NODE_CACHE_MAX", DEFAULT_NODE_CACHE_MAX)
+
+
+def model_volume_limit(storage: StorageSpec) -> str:
+    env = os.environ.get("MODELDEPLOY_MODEL_VOLUME_SIZE_LIMIT")
+    return str(storage.max_size or env or DEFAULT_MODEL_VOLUME_LIMIT)
+
+
 TERMINATION_LOG = "/dev/termination-log"
 #: the reasons ``modelserver.fetch`` writes (anything else is reported as FetchFailed)
 FETCH_REASONS = frozenset(
@@ -102,7 +140,7 @@ def _fetch_env(storage: StorageSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _fetch_args(spec: ModelDeploymentSpec, storage: StorageSpec) -> list[str]:
+def _fetch_args(spec: ModelDeploymentSpec, storage: StorageSpec, namespace: str) -> list[str]:
     args = [
         "--uri",
         spec.model.uri,
@@ -118,19 +156,38 @@ def _fetch_args(spec: ModelDeploymentSpec, storage: StorageSpec) -> list[str]:
         args += ["--max-bytes", str(int(parse_quantity(storage.max_size)))]
     cache = storage.node_cache
     if cache is not None and cache.enabled:
-        args += ["--cache-dir", CACHE_DIR, "--cache-max-bytes", str(int(parse_quantity(cache.max_size)))]
+        own = min(int(parse_quantity(cache.max_size)), namespace_cache_max())
+        args += ["--cache-dir", CACHE_DIR, "--cache-max-bytes", str(own)]
+        args += ["--cache-node-dir", NODE_CACHE_DIR, "--cache-node-max-bytes", str(node_cache_max())]
+        args += ["--cache-namespace", namespace]
     return args
 
 
+def _cache_volumes(namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(mounts, volumes) of the node cache: this namespace's directory writable, the whole cache read-only."""
+    mounts: list[dict[str, Any]] = [
+        {"name": CACHE_VOLUME, "mountPath": CACHE_DIR},
+        {"name": NODE_CACHE_VOLUME, "mountPath": NODE_CACHE_DIR, "readOnly": True},
+    ]
+    root = cache_host_path().rstrip("/")
+    volumes: list[dict[str, Any]] = [
+        {"name": CACHE_VOLUME, "hostPath": {"path": f"{root}/{namespace}", "type": "DirectoryOrCreate"}},
+        {"name": NODE_CACHE_VOLUME, "hostPath": {"path": root, "type": "DirectoryOrCreate"}},
+    ]
+    return mounts, volumes
+
+
 def _s3(
-    spec: ModelDeploymentSpec, image: str, security: Mapping[str, Any], resources: Mapping[str, Any]
+    spec: ModelDeploymentSpec, namespace: str, security: Mapping[str, Any], resources: Mapping[str, Any]
 ) -> ModelSource:
     storage = spec.model.storage or StorageSpec()
     mounts: list[dict[str, Any]] = [
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": MODEL_VOLUME, "mountPath": MODEL_DIR},
     ]
-    volumes: list[dict[str, Any]] = [{"name": MODEL_VOLUME, "emptyDir": {}}]
+    volumes: list[dict[str, Any]] = [
+        {"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": model_volume_limit(storage)}}
+    ]
     container_security = dict(security)
     if storage.ca_bundle is not None:
         mounts.append({"name": CA_VOLUME, "mountPath": CA_DIR, "readOnly": True})
@@ -144,10 +201,9 @@ def _s3(
             }
         )
     if storage.node_cache is not None and storage.node_cache.enabled:
-        mounts.append({"name": CACHE_VOLUME, "mountPath": CACHE_DIR})
-        volumes.append(
-            {"name": CACHE_VOLUME, "hostPath": {"path": cache_host_path(), "type": "DirectoryOrCreate"}}
-        )
+        cache_mounts, cache_volumes = _cache_volumes(namespace)
+        mounts += cache_mounts
+        volumes += cache_volumes
         # the kubelet creates a hostPath directory as root, 0755, and fsGroup does not apply to hostPath:
         # only root can write the shared cache. The fetch still drops every capability but the file
         # ones it needs; the files it leaves in the model volume are world-readable for the server.
@@ -160,10 +216,10 @@ def _s3(
         )
     init = {
         "name": FETCH_CONTAINER,
-        "image": image,
+        "image": fetch_image(),
         "imagePullPolicy": "IfNotPresent",
         "command": list(FETCH_COMMAND),
-        "args": _fetch_args(spec, storage),
+        "args": _fetch_args(spec, storage, namespace),
         "env": _fetch_env(storage),
         "resources": dict(resources),
         "securityContext": container_security,
@@ -191,15 +247,15 @@ def _pvc(spec: ModelDeploymentSpec) -> ModelSource:
 
 def model_source(
     spec: ModelDeploymentSpec,
-    image: str,
+    namespace: str,
     security: Mapping[str, Any] | None = None,
     resources: Mapping[str, Any] | None = None,
 ) -> ModelSource:
-    """How a pod of this spec gets its model. ``security`` and ``resources`` are the server container's
-    (the fetch container runs under the same constraints)."""
+    """How a pod of this spec, in ``namespace``, gets its model. ``security`` and ``resources`` are the
+    server container's (the fetch container runs under the same constraints)."""
     kind = scheme(spec.model.uri)
     if kind == "s3":
-        return _s3(spec, image, security or {}, resources or {})
+        return _s3(spec, namespace, security or {}, resources or {})
     if kind == "pvc":
         return _pvc(spec)
     return ModelSource(server_uri=spec.model.uri)

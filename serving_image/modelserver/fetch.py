@@ -3,7 +3,8 @@
 The init container of an ``s3://`` ModelDeployment::
 
     python -m modelserver.fetch --uri s3://bucket/prefix --dest /mnt/models [--sha256 HEX]
-        [--timeout SECONDS] [--max-bytes N] [--cache-dir DIR --cache-max-bytes N]
+        [--timeout SECONDS] [--max-bytes N] [--cache-dir DIR --cache-max-bytes N
+         [--cache-node-dir DIR --cache-node-max-bytes N --cache-namespace NS]]
         [--termination-log /dev/termination-log]
 
 * ``s3://bucket/key`` naming one object: ``DEST/<basename of key>``; a prefix (``s3://bucket/dir``,
@@ -20,8 +21,10 @@ The init container of an ``s3://`` ModelDeployment::
 * ``--timeout``: the wall-clock bound of the whole fetch (listing, waiting for another pod's download of the
   same model, downloading, verifying); besides, each request has connect/read timeouts and retries
   transient errors with exponential backoff.
-* ``--cache-dir``: the node-local cache (:mod:`modelserver.storage_cache`). A hit lists the object(s)
-  (HEAD/LIST), reads no object data and logs ``cache hit`` with the key.
+* ``--cache-dir``: the node-local cache of this namespace (:mod:`modelserver.storage_cache`). A hit lists
+  the object(s) (HEAD/LIST), reads no object data from the store, logs ``cache hit`` with the key, and
+  copies the entry after checking every file against its record (:mod:`modelserver.cache_copy`); an entry
+  that fails is dropped and downloaded again (``cache_corrupt``). ``--cache-node-dir``: the node-wide cap.
 
 Logs are JSON lines on stdout (progress: bytes, rate, ETA). A failure exits non-zero and writes one line
 ``<Reason>: <message>`` to ``--termination-log`` (reasons and exit codes: :mod:`modelserver.fetch_errors`).
@@ -48,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cache_copy import CorruptEntry, copy_verified
 from .fetch_errors import (
     ChecksumMismatch,
     DownloadTimeout,
@@ -66,7 +70,6 @@ from .storage_s3 import (
     TransferOptions,
     dir_digest_of,
     download,
-    hash_file,
     human,
     make_client,
     parse_s3_uri,
@@ -89,8 +92,11 @@ class FetchOptions:
     max_bytes: int = 0  # 0: no limit
     cache_dir: str = ""
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
-    #: "link": hard links from the cache where the filesystem allows, copies elsewhere; "copy": copies
-    cache_link: str = "link"
+    #: node-wide accounting: the whole cache (every namespace's directory, read-only), its cap, and the
+    #: name of this namespace's directory in it (``--cache-node-dir``; empty: none)
+    cache_node_dir: str = ""
+    cache_node_max_bytes: int = 0
+    cache_namespace: str = ""
     progress_interval: float = 5.0
     client: ClientOptions = field(default_factory=ClientOptions)
     transfer: TransferOptions = field(default_factory=TransferOptions)
@@ -173,7 +179,7 @@ def _readable(root: Path) -> None:
             continue
         if p.is_dir():
             os.chmod(p, 0o755)
-        elif p.stat().st_nlink == 1:  # not a hard link into the cache (read-only there)
+        else:
             os.chmod(p, 0o644)
 
 
@@ -269,40 +275,9 @@ def _fetch(uri: str, dest: Path, opts: FetchOptions, env: Mapping[str, str] | No
     _clean_stale(dest)
 
     if opts.cache_dir:
-        cache = NodeCache(Path(opts.cache_dir), opts.cache_max_bytes)
-        key = hashlib.sha256(json.dumps(listing.identity(endpoint), sort_keys=True).encode()).hexdigest()[:40]
-        with cache.shared(key, run.deadline) as entry:
-            if entry is not None:
-                log.info("cache hit", extra={"event": "cache_hit", "key": key, "uri": loc.uri})
-                return _from_cache(cache, entry, listing, dest, opts, run, "cache")
-        run.check()
-        with cache.exclusive(key, run.deadline) as entry:
-            if entry is not None:  # another pod filled it while we waited
-                log.info(
-                    "cache hit", extra={"event": "cache_hit", "key": key, "uri": loc.uri, "waited": True}
-                )
-                return _from_cache(cache, entry, listing, dest, opts, run, "cache")
-            log.info("cache miss", extra={"event": "cache_miss", "key": key, "uri": loc.uri})
-            staging = cache.reserve(key, total, run.deadline)
-            if staging is not None:
-                run.track(staging)
-                data = staging / "data"
-                data.mkdir(mode=0o755)
-                _check_space(staging, total, loc.uri)
-                digests = _download(client, listing, data, opts, run, endpoint, want_sha256=bool(opts.sha256))
-                digest = _digest(listing, digests)
-                _check_sha256(loc.uri, listing.kind, digest, opts.sha256)
-                meta = {
-                    "uri": loc.uri,
-                    "endpoint": endpoint,
-                    "kind": listing.kind,
-                    "bytes": total,
-                    "files": len(listing.objects),
-                    "sha256": digest,
-                    "objects": [[o.rel, o.size, o.etag] for o in listing.objects],
-                }
-                entry = cache.commit(key, staging, meta)
-                return _from_cache(cache, entry, listing, dest, opts, run, "download")
+        cached = _via_cache(client, listing, dest, opts, run, endpoint)
+        if cached is not None:
+            return cached
         # not cacheable (too large for the cap, or the cache is full of entries in use): a plain download
 
     staging = _staging_for(dest, run)
@@ -343,49 +318,95 @@ def _download(
     return digests
 
 
+def _node_cache(opts: FetchOptions) -> NodeCache:
+    node = Path(opts.cache_node_dir) if opts.cache_node_dir else None
+    return NodeCache(
+        Path(opts.cache_dir), opts.cache_max_bytes, node, opts.cache_node_max_bytes, opts.cache_namespace
+    )
+
+
+def _hit(
+    cache: NodeCache, entry: Entry, listing: Listing, dest: Path, opts: FetchOptions, run: _Run, **kw: Any
+) -> FetchResult | None:
+    """The entry copied into ``dest`` after its files passed :func:`copy_verified`; None when they did not
+    (logged as ``cache_corrupt``; the caller drops the entry and downloads)."""
+    log.info("cache hit", extra={"event": "cache_hit", "key": entry.key, "uri": listing.location.uri, **kw})
+    try:
+        return _from_cache(cache, entry, listing, dest, opts, run, "cache")
+    except CorruptEntry as e:
+        log.warning(
+            f"cache entry {entry.key} is corrupt: {e}; downloading again",
+            extra={"event": "cache_corrupt", "key": entry.key, "reason": str(e)},
+        )
+        run.cleanup()
+        return None
+
+
+def _via_cache(
+    client: Any, listing: Listing, dest: Path, opts: FetchOptions, run: _Run, endpoint: str
+) -> FetchResult | None:
+    """The fetch through the node cache; None when the model is not cacheable (too large for the cap, or
+    the cache is full of entries in use): the caller downloads it plainly."""
+    cache = _node_cache(opts)
+    loc = listing.location
+    key = hashlib.sha256(json.dumps(listing.identity(endpoint), sort_keys=True).encode()).hexdigest()[:40]
+    with cache.shared(key, run.deadline) as entry:
+        res = _hit(cache, entry, listing, dest, opts, run) if entry is not None else None
+        if res is not None:
+            return res
+    run.check()
+    with cache.exclusive(key, run.deadline) as entry:
+        if entry is not None:  # another pod filled it while we waited, or it failed its check
+            res = _hit(cache, entry, listing, dest, opts, run, waited=True)
+            if res is not None:
+                return res
+            cache.drop(key)
+        log.info("cache miss", extra={"event": "cache_miss", "key": key, "uri": loc.uri})
+        staging = cache.reserve(key, listing.total_bytes, run.deadline)
+        if staging is None:
+            return None
+        run.track(staging)
+        data = staging / "data"
+        data.mkdir(mode=0o755)
+        _check_space(staging, listing.total_bytes, loc.uri)
+        digests = _download(client, listing, data, opts, run, endpoint, want_sha256=True)
+        digest = _digest(listing, digests)
+        _check_sha256(loc.uri, listing.kind, digest, opts.sha256)
+        meta = {
+            "uri": loc.uri,
+            "endpoint": endpoint,
+            "kind": listing.kind,
+            "bytes": listing.total_bytes,
+            "files": len(listing.objects),
+            "sha256": digest,
+            "objects": [[o.rel, o.size, o.etag] for o in listing.objects],
+        }
+        entry = cache.commit(key, staging, meta)
+        return _from_cache(cache, entry, listing, dest, opts, run, "download")
+
+
 def _from_cache(
     cache: NodeCache, entry: Entry, listing: Listing, dest: Path, opts: FetchOptions, run: _Run, source: str
 ) -> FetchResult:
+    """Copy the entry into ``dest``, every file verified (:func:`copy_verified`; raises CorruptEntry)."""
     meta = entry.meta()
-    if opts.sha256 and not meta.get("sha256"):
-        meta["sha256"] = _entry_digest(entry, listing)  # local files only: no object data is read
-        with contextlib.suppress(OSError):
-            tmp = entry.path / f".meta.{os.getpid()}.tmp"
-            tmp.write_text(json.dumps(meta, indent=1))
-            os.replace(tmp, entry.path / "meta.json")
-    _check_sha256(
-        listing.location.uri, listing.kind, meta.get("sha256"), opts.sha256, f" (cache entry {entry.key})"
-    )
+    recorded = meta.get("sha256")
+    if recorded:  # a wrong expected sha256 is refused from the record, before any copy
+        where = f" (cache entry {entry.key})"
+        _check_sha256(listing.location.uri, listing.kind, recorded, opts.sha256, where)
     staging = _staging_for(dest, run)
-    link = opts.cache_link == "link"
-    files = [p for p in sorted(entry.data.rglob("*")) if p.is_file()]
-    if not link or os.stat(entry.data).st_dev != os.stat(staging).st_dev:
-        link = False
-        _check_space(staging, int(meta.get("bytes", 0)), listing.location.uri)
-    for src in files:
-        run.check()
-        rel = src.relative_to(entry.data)
-        target = staging / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if link:
-            try:
-                os.link(src, target)
-                continue
-            except OSError as e:
-                log.info("hard link refused: copying", extra={"reason": e.strerror})
-                link = False
-        shutil.copyfile(src, target)
+    _check_space(staging, int(meta.get("bytes", 0)), listing.location.uri)
+    learn = source == "download"  # the first copy after the fill (the key's lock is held exclusive)
+    md5s = meta.get("md5Etags")
+    if md5s is None and not learn:
+        raise CorruptEntry("the entry records no MD5 ETags (filled by an older version)")
+    digest, matched = copy_verified(entry.data, listing, recorded, md5s or [], staging, run.check, learn)
+    if learn:
+        entry.update_meta({**meta, "md5Etags": matched})
     _readable(staging)
     _place(staging, dest)
     cache.touch(entry.key)
-    return _done(dest, listing, source, entry.key, meta.get("sha256"), run, linked=link)
-
-
-def _entry_digest(entry: Entry, listing: Listing) -> str:
-    sums = {o.rel: hash_file(entry.data / o.rel, None, True, False)[0] or "" for o in listing.objects}
-    if listing.kind == "object":
-        return sums[listing.objects[0].rel]
-    return dir_digest_of(sums)
+    return _done(dest, listing, source, entry.key, digest, run)
 
 
 def _done(
@@ -395,7 +416,6 @@ def _done(
     key: str | None,
     digest: str | None,
     run: _Run,
-    linked: bool = False,
 ) -> FetchResult:
     secs = time.monotonic() - run.start
     res = FetchResult(dest, listing.total_bytes, len(listing.objects), source, key, digest, secs)
@@ -410,7 +430,6 @@ def _done(
             "files": res.files,
             "seconds": round(secs, 3),
             "sha256": digest,
-            "hardlinks": linked,
         },
     )
     return res
@@ -486,11 +505,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the cache's size cap; least recently used entries go first (default 100Gi)",
     )
     p.add_argument(
-        "--cache-link",
-        choices=("link", "copy"),
-        default="link",
-        help="hard-link files from the cache when possible (default) or copy them",
+        "--cache-node-dir",
+        default="",
+        help="the whole node cache, one directory per namespace, read-only here: a fill that would take the "
+        "node over --cache-node-max-bytes evicts this namespace's entries only, or is not cached",
     )
+    p.add_argument("--cache-node-max-bytes", type=parse_size, default=0, help="the node-wide cap (0: none)")
+    p.add_argument("--cache-namespace", default="", help="this namespace's directory in --cache-node-dir")
     p.add_argument(
         "--termination-log",
         default=TERMINATION_LOG,
@@ -532,7 +553,9 @@ def options_from_args(a: argparse.Namespace) -> FetchOptions:
         max_bytes=a.max_bytes,
         cache_dir=a.cache_dir,
         cache_max_bytes=a.cache_max_bytes,
-        cache_link=a.cache_link,
+        cache_node_dir=a.cache_node_dir,
+        cache_node_max_bytes=a.cache_node_max_bytes,
+        cache_namespace=a.cache_namespace,
         progress_interval=a.progress_interval,
         client=ClientOptions(a.connect_timeout, a.read_timeout, a.max_attempts, a.concurrency),
         transfer=TransferOptions(

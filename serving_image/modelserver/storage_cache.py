@@ -1,6 +1,8 @@
-"""A node-local cache of fetched models, shared by the fetch containers of the pods of a node.
+"""A node-local cache of fetched models, shared by the fetch containers of one namespace's pods on a node.
 
-Layout under the cache directory (a hostPath)::
+The operator mounts one directory per namespace (``<nodeCachePath>/<namespace>``) writable, and the whole
+cache read-only beside it for the node-wide cap (:meth:`NodeCache._cap`). Layout under a namespace's
+directory::
 
     entries/<key>/meta.json    a complete entry: what it is, its size, its sha256; mtime = last use
     entries/<key>/data/...     the files (read-only)
@@ -128,14 +130,33 @@ class Entry:
     def meta(self) -> dict[str, Any]:
         return json.loads((self.path / META).read_text())
 
+    def update_meta(self, meta: dict[str, Any]) -> None:
+        tmp = self.path / f".{META}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, self.path / META)
+
     def complete(self) -> bool:
         return (self.path / META).is_file() and self.data.is_dir()
 
 
 class NodeCache:
-    def __init__(self, root: Path, max_bytes: int) -> None:
+    """One namespace's cache (``root``, capped at ``max_bytes``). With ``node_root`` (every namespace's
+    directory, read here and never written) and ``node_max_bytes``, a fill also keeps the whole node under
+    that cap -- by evicting this namespace's entries only: another tenant's are never touched."""
+
+    def __init__(
+        self,
+        root: Path,
+        max_bytes: int,
+        node_root: Path | None = None,
+        node_max_bytes: int = 0,
+        namespace: str = "",
+    ) -> None:
         self.root = root
         self.max_bytes = max_bytes
+        self.node_root = node_root
+        self.node_max_bytes = node_max_bytes
+        self.namespace = namespace
         self.entries = root / "entries"
         self.locks = root / "locks"
         self.tmp = root / "tmp"
@@ -150,6 +171,15 @@ class NodeCache:
 
     def lock_path(self, key: str) -> Path:
         return self.locks / f"{key}.lock"
+
+    def drop(self, key: str) -> None:
+        """Remove the entry (a corrupt one). Call with the key's lock held exclusive."""
+        target = self.entries / key
+        if target.exists():
+            trash = self.tmp / f"evict.{key}.{uuid.uuid4().hex[:8]}"
+            os.rename(target, trash)
+            rmtree(trash)
+            log.info("cache drop", extra={"event": "cache_drop", "key": key})
 
     def touch(self, key: str) -> None:
         with contextlib.suppress(OSError):
@@ -185,18 +215,19 @@ class NodeCache:
         """Make room for ``size`` bytes (evicting least recently used entries) and return a staging directory
         for the entry, or None when it cannot fit (larger than the cap, or the rest is in use). Call with
         the key's lock held exclusive."""
-        if size > self.max_bytes:
-            log.info(
-                "not cached: larger than the cache's cap",
-                extra={"event": "cache_skip", "key": key, "bytes": size, "cache_max_bytes": self.max_bytes},
-            )
-            return None
         fd = lock_fd(self.root / "evict.lock", fcntl.LOCK_EX, deadline, "the cache's eviction lock")
         try:
+            cap, why = self._cap()
+            if size > cap:
+                log.info(
+                    f"not cached: larger than {why}",
+                    extra={"event": "cache_skip", "key": key, "bytes": size, "cache_max_bytes": cap},
+                )
+                return None
             used = self._usage(exclude=key)
-            if used + size > self.max_bytes:
-                used = self._evict(used + size - self.max_bytes, used, protect=key)
-            if used + size > self.max_bytes:
+            if used + size > cap:
+                used = self._evict(used + size - cap, used, protect=key)
+            if used + size > cap:
                 log.info(
                     "not cached: the cache is full of entries in use",
                     extra={"event": "cache_skip", "key": key, "bytes": size, "used_bytes": used},
@@ -234,6 +265,29 @@ class NodeCache:
             rmtree(staging)
 
     # -- size ---------------------------------------------------------------------------------------------
+    def _cap(self) -> tuple[int, str]:
+        """What this namespace may hold now: its own cap, or less when the other namespaces' entries leave
+        less of the node's cap (what they hold is theirs: never evicted from here)."""
+        if self.node_root is None or not self.node_max_bytes:
+            return self.max_bytes, "the cache's cap"
+        left = self.node_max_bytes - self._others_usage()
+        if left < self.max_bytes:
+            return max(0, left), "what the node's cap leaves beside other namespaces' entries"
+        return self.max_bytes, "the cache's cap"
+
+    def _others_usage(self) -> int:
+        """Bytes of the complete entries and reservations of the node's other namespaces (read-only)."""
+        used = 0
+        assert self.node_root is not None
+        with contextlib.suppress(OSError):
+            for ns in self.node_root.iterdir():
+                if ns.name == self.namespace:
+                    continue
+                for meta in [*ns.glob(f"entries/*/{META}"), *ns.glob("tmp/*/reserve.json")]:
+                    with contextlib.suppress(OSError, ValueError):
+                        used += int(json.loads(meta.read_text()).get("bytes", 0))
+        return used
+
     def _usage(self, exclude: str = "") -> int:
         used = 0
         for e in self.entries.iterdir():

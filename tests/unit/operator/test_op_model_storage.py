@@ -66,7 +66,8 @@ def test_s3_model_is_fetched_by_an_init_container_into_the_model_volume():
     assert server_env(spec)["MODELSERVER_MODEL_URI"] == "file:///mnt/models"
     (server,) = spec["containers"]
     assert {"name": "model", "mountPath": "/mnt/models", "readOnly": True} in server["volumeMounts"]
-    assert {"name": "model", "emptyDir": {}} in spec["volumes"]
+    # the emptyDir is bounded: storage.maxSize where set, else the chart's limit
+    assert {"name": "model", "emptyDir": {"sizeLimit": ms.DEFAULT_MODEL_VOLUME_LIMIT}} in spec["volumes"]
 
 
 def test_credentials_come_from_the_secret_by_reference_only():
@@ -109,25 +110,67 @@ def test_sha256_and_size_limit_go_to_the_fetch_not_the_server():
     assert "MODELSERVER_MODEL_SHA256" not in server_env(spec)
 
 
-def test_node_cache_is_a_hostpath_shared_by_the_fetch_containers_of_a_node():
+def test_node_cache_is_one_hostpath_directory_per_namespace_written_only_by_the_operators_fetch_image(
+    monkeypatch,
+):
+    """Issue 24, finding 1: the author's image never runs with the cache mounted, and a namespace's fetch
+    writes its own namespace's directory only (the whole cache is read-only beside it, for the node cap)."""
+    monkeypatch.setenv("MODELDEPLOY_FETCH_IMAGE", "registry.example/modeldeploy/fetch@sha256:" + "1" * 64)
     model = {**S3_MODEL, "storage": {**S3_MODEL["storage"], "nodeCache": {"maxSize": "50Gi"}}}
-    spec = pod_spec(make_md(model))
+    md = make_md(model)
+    md.spec = md.spec.model_copy(update={"image": "evil.example/takeover:latest"})
+    spec = pod_spec(md)
     (init,) = spec["initContainers"]
+    assert init["image"] == "registry.example/modeldeploy/fetch@sha256:" + "1" * 64
+    assert spec["containers"][0]["image"] == "evil.example/takeover:latest"  # the server: the author's
     args = flags(init["args"])
     assert args["--cache-dir"] == "/var/cache/modeldeploy/models"
-    assert args["--cache-max-bytes"] == str(50 * 1024**3)
-    vol = next(v for v in spec["volumes"] if v["name"] == "model-cache")
-    assert vol["hostPath"] == {"path": "/var/lib/modeldeploy/model-cache", "type": "DirectoryOrCreate"}
+    assert args["--cache-max-bytes"] == str(50 * 1024**3)  # under the chart's per-namespace cap
+    assert args["--cache-node-dir"] == "/var/cache/modeldeploy/node"
+    assert args["--cache-namespace"] == "ml"
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["model-cache"]["hostPath"] == {
+        "path": "/var/lib/modeldeploy/model-cache/ml",
+        "type": "DirectoryOrCreate",
+    }
+    assert vols["model-cache-node"]["hostPath"]["path"] == "/var/lib/modeldeploy/model-cache"
+    mounts = {m["name"]: m for m in init["volumeMounts"]}
+    assert mounts["model-cache-node"].get("readOnly") is True and not mounts["model-cache"].get("readOnly")
     # only the fetch container sees the cache; the server sees its own copy
     (server,) = spec["containers"]
-    assert all(m["name"] != "model-cache" for m in server["volumeMounts"])
+    assert all(not m["name"].startswith("model-cache") for m in server["volumeMounts"])
+
+
+def test_the_caches_caps_are_the_charts_and_the_spec_can_only_lower_them(monkeypatch):
+    monkeypatch.setenv("MODELDEPLOY_NODE_CACHE_NAMESPACE_MAX", "10Gi")
+    monkeypatch.setenv("MODELDEPLOY_NODE_CACHE_MAX", "40Gi")
+    big = {**S3_MODEL, "storage": {**S3_MODEL["storage"], "nodeCache": {"maxSize": "500Gi"}}}
+    args = flags(pod_spec(make_md(big))["initContainers"][0]["args"])
+    assert args["--cache-max-bytes"] == str(10 * 1024**3)
+    assert args["--cache-node-max-bytes"] == str(40 * 1024**3)
+    small = {**S3_MODEL, "storage": {**S3_MODEL["storage"], "nodeCache": {"maxSize": "1Gi"}}}
+    assert flags(pod_spec(make_md(small))["initContainers"][0]["args"])["--cache-max-bytes"] == str(1024**3)
+
+
+def test_the_fetch_image_defaults_to_the_operators_serving_image_not_the_authors(monkeypatch):
+    monkeypatch.delenv("MODELDEPLOY_FETCH_IMAGE", raising=False)
+    monkeypatch.setenv("MODELDEPLOY_DEFAULT_IMAGE", "modeldeploy/modelserver:1.2.3")
+    md = make_md(S3_MODEL)
+    md.spec = md.spec.model_copy(update={"image": "evil.example/takeover:latest"})
+    assert pod_spec(md)["initContainers"][0]["image"] == "modeldeploy/modelserver:1.2.3"
+
+
+def test_the_model_volume_is_bounded_by_max_size():
+    model = {**S3_MODEL, "storage": {**S3_MODEL["storage"], "maxSize": "3Gi"}}
+    vol = next(v for v in pod_spec(make_md(model))["volumes"] if v["name"] == "model")
+    assert vol["emptyDir"] == {"sizeLimit": "3Gi"}
 
 
 def test_the_node_cache_directory_is_the_operators_setting(monkeypatch):
     monkeypatch.setenv("MODELDEPLOY_NODE_CACHE_PATH", "/data/model-cache")
     model = {**S3_MODEL, "storage": {**S3_MODEL["storage"], "nodeCache": {}}}
     vol = next(v for v in pod_spec(make_md(model))["volumes"] if v["name"] == "model-cache")
-    assert vol["hostPath"]["path"] == "/data/model-cache"
+    assert vol["hostPath"]["path"] == "/data/model-cache/ml"
 
 
 def test_storage_settings_are_part_of_the_revision():

