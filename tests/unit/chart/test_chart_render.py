@@ -291,3 +291,33 @@ def test_the_service_monitor_keeps_the_operators_own_namespace_label() -> None:
     (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
     endpoints = monitor["spec"]["endpoints"]
     assert endpoints and all(ep.get("honorLabels") is True for ep in endpoints), endpoints
+
+
+def test_the_admission_policy_is_on_by_default_and_bound_to_the_watched_namespaces_only() -> None:
+    """Issue 24, finding 3: the policy's CEL carries the platform team's lists; its binding covers every
+    namespace in cluster mode and only the watched ones in namespaced mode; it can be turned off."""
+    policy = one(render(), "ValidatingAdmissionPolicy")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert json.loads(variables["images"]) == [] and json.loads(variables["tolerationKeys"]) == [
+        "nvidia.com/gpu"
+    ]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert "matchResources" not in one(render(), "ValidatingAdmissionPolicyBinding")["spec"]
+    docs = render(
+        "--set",
+        "watchNamespaces={team-a,team-b}",
+        "--set",
+        "admissionPolicy.allowedImagePrefixes={registry.example.com/ml/}",
+    )
+    policy = one(docs, "ValidatingAdmissionPolicy")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert json.loads(variables["images"]) == ["registry.example.com/ml/"]
+    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert expr["values"] == ["team-a", "team-b"]
+    off = render("--set", "admissionPolicy.enabled=false")
+    assert not by_kind(off, "ValidatingAdmissionPolicy") and not by_kind(
+        off, "ValidatingAdmissionPolicyBinding"
+    )

@@ -1,0 +1,113 @@
+"""Finding 3 of issue 24 (in part), played on the local cluster: the chart's ValidatingAdmissionPolicy
+keeps an author's ModelDeployment within what the platform team allows -- images from the allowed
+registries, tolerations of the GPU taint only -- and the apiserver's refusal names the field.
+
+The policy and its binding are rendered from the chart (``helm template``, the values a platform team
+would set) and applied as the cluster admin; the binding is limited to the author's namespace, so the
+rest of the session's tests are untouched. The author acts through their own namespaced token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from localcluster.testing import Kube
+from modeldeploy.kube import KubeError
+from unit.chart.chart_render import CHART, helm
+
+from .tenants import Author, author
+
+MD_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments"
+VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+BINDING = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+
+
+def md(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "modeldeploy.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": name},
+        "spec": {"model": {"name": "noop", "uri": "noop://model"}, "replicas": 1, **spec},
+    }
+
+
+def rendered_policy(namespace: str) -> list[dict[str, Any]]:
+    out = helm(
+        "template",
+        "md",
+        str(CHART),
+        "--show-only",
+        "templates/admission-policy.yaml",
+        "--set",
+        "admissionPolicy.allowedImagePrefixes[0]=registry.example.com/ml/",
+        "--set",
+        f"watchNamespaces[0]={namespace}",
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture
+def policed(kube: Kube, crds: Any, namespace: str, tmp_path: Path) -> Iterator[Author]:
+    docs = rendered_policy(namespace)
+    assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
+    for d in docs:
+        kube.api.create(VAP if d["kind"] == "ValidatingAdmissionPolicy" else BINDING, d)
+    a = author(kube, namespace, tmp_path)
+    try:
+        yield a
+    finally:
+        a.api.close()
+        for d in reversed(docs):
+            path = VAP if d["kind"] == "ValidatingAdmissionPolicy" else BINDING
+            kube.api.delete(f"{path}/{d['metadata']['name']}")
+
+
+def refusal(a: Author, body: dict[str, Any]) -> str | None:
+    """The apiserver's message when it refuses the author's ModelDeployment, None when it takes it."""
+    try:
+        a.api.create(MD_PATH.format(ns=a.namespace), body)
+    except KubeError as e:
+        assert e.status in (403, 422), e
+        return str(e)
+    return None
+
+
+def test_the_chart_policy_refuses_images_and_tolerations_the_platform_team_did_not_allow(
+    policed: Author,
+) -> None:
+    a = policed
+    # the apiserver loads a new policy within a moment: wait until it refuses the first bad object
+    deadline = time.monotonic() + 30
+    while (msg := refusal(a, md("probe", image="evil.example/miner:1"))) is None:
+        a.api.delete(f"{MD_PATH.format(ns=a.namespace)}/probe")
+        assert time.monotonic() < deadline, "the admission policy never took effect"
+        time.sleep(0.5)
+    assert "spec.image: evil.example/miner:1 is not from an allowed registry" in msg
+    assert "registry.example.com/ml/" in msg
+
+    # allowed: an image from the registry, or none (the operator's default), and the GPU taint
+    assert refusal(a, md("ok-image", image="registry.example.com/ml/modelserver:1.2")) is None
+    assert refusal(a, md("ok-default")) is None
+    gpu = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert refusal(a, md("ok-gpu", tolerations=gpu)) is None
+
+    # refused: another taint (a node pool kept for another team), or a toleration of every taint
+    other = [{"key": "dedicated", "operator": "Equal", "value": "payments", "effect": "NoSchedule"}]
+    msg = refusal(a, md("other-taint", tolerations=other))
+    assert msg is not None and "spec.tolerations: only the taint keys nvidia.com/gpu" in msg
+    assert refusal(a, md("every-taint", tolerations=[{"operator": "Exists"}])) is not None
+    # an update cannot sneak it in either
+    path = f"{MD_PATH.format(ns=a.namespace)}/ok-gpu"
+    with pytest.raises(KubeError) as err:
+        a.api.request(
+            "PATCH",
+            path,
+            body={"spec": {"image": "evil.example/miner:1"}},
+            content_type="application/merge-patch+json",
+        )
+    assert err.value.status in (403, 422) and "spec.image" in str(err.value)
