@@ -140,8 +140,10 @@ class LoadGenerator:
         headers: dict[str, str] | None = None,
         model: str = "echo",
         filler: str = "",
+        client_timeout: float = 5.0,
     ) -> None:
         self.kube, self.ns, self.name, self.mode = kube, ns, name, mode
+        self.client_timeout = client_timeout  # seconds before a worker gives up (a connection_error)
         self.model, self.filler = model, filler
         self.max_requests, self.max_seconds = max_requests, max_seconds
         self.workers, self.pause = workers, pause
@@ -208,7 +210,7 @@ class LoadGenerator:
         if self.mode != "gatewayAPI":
             # kube-proxy balances connections, not requests: a new connection for every request
             headers["Connection"] = "close"
-        with httpx.Client(timeout=5, headers=headers) as client:
+        with httpx.Client(timeout=self.client_timeout, headers=headers) as client:
             i = 0
             while not self._stop.is_set():
                 with self._lock:

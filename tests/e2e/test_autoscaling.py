@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from typing import Any
 
 from localcluster.testing import Kube, WaitTimeout, wait_for
@@ -188,8 +189,20 @@ def test_minilm_under_rising_load_scales_out_and_its_p99_comes_back_under_target
     # 40 clients, each pausing 0.8 s after an answer: up to 50 requests/s, more than one pod serves here
     # (19-30/s, by how busy the machine is), so on one pod every client waits in its queue; concurrency
     # -> ceil(n / 2) pods: the HPA asks for maxReplicas at once
+    # The clients wait longer than the server's own 10 s deadline (batching.defaultTimeoutMs): while one
+    # pod is swamped, a request the server cannot serve in time is its own 503/504 (counted, and a failure
+    # here), never a client that gave up first. With a 5 s client timeout, on a machine where one pod
+    # served 11/s, 6 of 808 requests were client-side ReadTimeouts during the swamp (2026-12-03).
     load = LoadGenerator(
-        kube, ns, name, workers=40, pause=0.8, max_seconds=400, model="minilm", filler=FILLER
+        kube,
+        ns,
+        name,
+        workers=40,
+        pause=0.8,
+        max_seconds=400,
+        model="minilm",
+        filler=FILLER,
+        client_timeout=15.0,
     ).wait_serving(timeout=60)
     load.start()
     started = time.monotonic()
@@ -221,7 +234,8 @@ def test_minilm_under_rising_load_scales_out_and_its_p99_comes_back_under_target
         f"one pod served {one_pod:.1f}/s, p50/p99 {quantile(before, 0.5):.3f}/"
         f"{quantile(before, 0.99):.3f}s ({len(before)} requests); the fleet served {fleet_served:.1f}/s "
         f"({load.pause:.2f}s pauses), p50/p99 {quantile(after, 0.5):.3f}/{quantile(after, 0.99):.3f}s "
-        f"({len(after)} requests); outcomes {load.by_kind()}"
+        f"({len(after)} requests); outcomes {load.by_kind()}; failures "
+        f"{Counter((r.kind, r.code, r.error) for r in load.snapshot() if r.kind != 'ok')}"
     )
     assert set(load.by_kind()) == {"ok"}, load.by_kind()
     assert len(before) >= 100 and len(after) >= 300
