@@ -55,8 +55,13 @@ def deploy(kube: Kube, ns: str, version: str, uri: str, *, name: str = NAME, mod
     kube.apply(md, ns)
 
 
+def outcomes(st: dict[str, Any]) -> list[tuple[str, str]]:
+    """(revision, outcome) of each history entry of one status read."""
+    return [(h["revision"], h["outcome"]) for h in st.get("history", [])]
+
+
 def history(kube: Kube, ns: str, name: str = NAME) -> list[tuple[str, str]]:
-    return [(h["revision"], h["outcome"]) for h in md_status(kube, ns, name).get("history", [])]
+    return outcomes(md_status(kube, ns, name))
 
 
 def stable_on(kube: Kube, ns: str, version: str, name: str = NAME) -> str:
@@ -105,7 +110,7 @@ def test_a_revision_that_answers_404_to_every_client_is_rolled_back(
         # v2 renames spec.model.name: every client (asking for "echo") gets 404 from its pods
         deploy(kube, ns, "2", GOOD + "&rev=2", model="echo-renamed")
         v2 = next_revision(kube, ns, v1)
-        st = until(kube, ns, lambda s: (v2, "RolledBack") in history(kube, ns), 90, "v2 rolled back")
+        st = until(kube, ns, lambda s: (v2, "RolledBack") in outcomes(s), 90, "v2 rolled back")
         decided = time.monotonic()
         time.sleep(DATA_PLANE_LAG_S + 3)
     finally:
@@ -172,7 +177,7 @@ def test_an_unreachable_prometheus_never_promotes_even_with_on_no_data_pass_and_
         deploy(kube, ns, "2", GOOD + "&rev=2")
         r = plugin(kube, "resume", NAME, "-n", ns)
         assert r.returncode == 0, r.stderr
-        until(kube, ns, lambda s: (v2, "Promoted") in history(kube, ns), 120, "v2 promoted after resume")
+        until(kube, ns, lambda s: (v2, "Promoted") in outcomes(s), 120, "v2 promoted after resume")
     finally:
         load.stop()
     assert set(load.by_kind()) == {"ok"}, load.by_kind()  # the canary was good: no client failed
@@ -225,7 +230,7 @@ def test_the_stable_deployment_deleted_after_a_rollback_is_recreated_and_the_bad
     v2 = next_revision(kube, ns, v1)
     load = LoadGenerator(kube, ns, NAME).wait_serving().start()
     try:
-        until(kube, ns, lambda s: (v2, "RolledBack") in history(kube, ns), 90, "v2 rolled back")
+        until(kube, ns, lambda s: (v2, "RolledBack") in outcomes(s), 90, "v2 rolled back")
         before = history(kube, ns)
         wait_for(lambda: not kube.pods(ns, f"modeldeploy.io/revision={v2}"), timeout=60, what="v2 pods gone")
         deleted = time.monotonic()
