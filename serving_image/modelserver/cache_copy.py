@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from .storage_s3 import Listing, dir_digest_of
+from .storage_s3 import Listing, _is_md5, dir_digest_of
 
 CHUNK = 4 << 20
 
@@ -58,10 +58,6 @@ def _check_names(have: dict[str, Path], listing: Listing) -> None:
             raise CorruptEntry(f"{rel} is not a regular file")
         if st.st_size != want[rel]:
             raise CorruptEntry(f"{rel} is {st.st_size} bytes, the store lists {want[rel]}")
-
-
-def _is_md5(etag: str) -> bool:
-    return len(etag) == 32 and all(c in "0123456789abcdefABCDEF" for c in etag)
 
 
 def _copy_one(src: Path, target: Path, etag: str | None, check: Callable[[], None]) -> tuple[str, str | None]:

@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from localcluster.objectstore import ObjectStore
 from localcluster.testing import Kube, wait_for
 
-from .tenants import Author, author
+from .tenants import Author
 
 MD_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments"
 MODEL_V1 = b"noop model v1\n" * 1000  # 14 000 bytes
@@ -68,22 +66,6 @@ def give_credentials(kube: Kube, ns: str, s3: ObjectStore) -> None:
         "stringData": {"AWS_ACCESS_KEY_ID": s3.access_key, "AWS_SECRET_ACCESS_KEY": s3.secret_key},
     }
     kube.apply(secret, ns)
-
-
-@pytest.fixture
-def team_a(kube: Kube, namespace: str, tmp_path: Path) -> Iterator[Author]:
-    a = author(kube, namespace, tmp_path)
-    yield a
-    a.api.close()
-
-
-@pytest.fixture
-def team_b(kube: Kube) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    kube.api.create("/api/v1/namespaces", {"metadata": {"name": name}})
-    wait_for(lambda: kube.get(f"/api/v1/namespaces/{name}/serviceaccounts/default"), timeout=30, what="sa")
-    yield name
-    kube.api.delete(f"/api/v1/namespaces/{name}")
 
 
 def pods(kube: Kube, ns: str, md: str) -> list[dict[str, Any]]:

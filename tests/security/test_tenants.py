@@ -14,32 +14,14 @@ ModelDeployments in their namespace, nothing else.
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from e2e.canary_support import events, md_status, noop_md
 from localcluster.testing import Kube, wait_for
 
-from .tenants import Author, author
+from .tenants import Author
 
 MD_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments"
-
-
-@pytest.fixture
-def team_a(kube: Kube, namespace: str, tmp_path: Any) -> Iterator[Author]:
-    a = author(kube, namespace, tmp_path)
-    yield a
-    a.api.close()
-
-
-@pytest.fixture
-def team_b(kube: Kube) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    kube.api.create("/api/v1/namespaces", {"metadata": {"name": name}})
-    yield name
-    kube.api.delete(f"/api/v1/namespaces/{name}")
 
 
 def condition(st: dict[str, Any], type_: str) -> dict[str, Any]:
