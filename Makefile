@@ -8,7 +8,8 @@ PY        := $(VENV)/bin/python
 STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help venv binaries iproute2 nftables deps test test-unit test-integration test-e2e lint \
+.PHONY: help venv binaries iproute2 nftables deps test test-setup binaries-niced checks-without-binaries \
+        test-cluster system-packages test-unit test-integration test-e2e lint lint-code lint-chart \
         cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-operator bench-canary bench-storage bench-chaos crds e2e-kind shellcheck clean
 
 help:
@@ -50,9 +51,26 @@ deps: venv binaries iproute2 nftables
 # the chart's ServiceAccount token): the chart's RBAC is enough for a real rollout under traffic.
 E2E_CHART := E2E_OPERATOR=chart $(PYTEST) tests/e2e/test_canary.py -k good_revision
 
-# lint first, so CI (.ci/run = make test) enforces it
-test: deps lint
-	$(PYTEST) tests/unit
+# `make test` in two phases. First, side by side (make -j2): the binaries' build (niced, so the
+# checks below keep their core) and, once the virtualenv is there, everything that needs no binary
+# (ruff, mypy, shellcheck, hadolint, the unit tests but the chart's). The Go build is CPU-bound on two
+# cores while pip, ruff, mypy and pytest mostly use one, so on a fresh machine this hides most of
+# them behind the build (docs/local-cluster.md, "Set-up time"). Then, in order, what needs the
+# binaries: helm lint, the chart's unit tests, and the cluster tiers.
+test: system-packages
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-setup
+	@$(MAKE) --no-print-directory test-cluster
+
+test-setup: binaries-niced checks-without-binaries
+
+binaries-niced:
+	@nice -n 10 tools/build-binaries.sh >/dev/null
+
+checks-without-binaries: lint-code
+	$(PYTEST) tests/unit --ignore=tests/unit/chart
+
+test-cluster: deps lint-chart
+	$(PYTEST) tests/unit/chart
 	$(PYTEST) tests/integration
 	$(PYTEST) tests/e2e
 	$(PYTEST) tests/chaos
@@ -69,17 +87,29 @@ test-e2e: deps
 	$(PYTEST) tests/e2e
 	$(E2E_CHART)
 
+# iproute2, nftables and shellcheck in one apt-get run (make test; each also has a target of its own)
+system-packages:
+	@missing=""; for p in ip:iproute2 nft:nftables shellcheck:shellcheck; do \
+	  command -v "$${p%%:*}" >/dev/null || missing="$$missing $${p#*:}"; done; \
+	if [ -n "$$missing" ]; then echo "installing Debian's$$missing ..."; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+
 shellcheck:
 	@command -v shellcheck >/dev/null || { echo "installing Debian's shellcheck ..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck >/dev/null; }
 
-lint: venv binaries shellcheck
+lint: lint-code lint-chart
+
+# the checks that need no pinned binary (make test runs them while the binaries build)
+lint-code: venv shellcheck
 	$(VENV)/bin/ruff check operator serving_image tools/localcluster tests bench
 	$(VENV)/bin/ruff format --check operator serving_image tools/localcluster tests bench
 	shellcheck .ci/run tools/e2e-kind.sh tools/build-binaries.sh tools/fresh-rehearsal.sh
 	$(VENV)/bin/hadolint --config tests/unit/chart/hadolint.yaml operator/Dockerfile serving_image/Dockerfile
-	"$$(tools/build-binaries.sh)/helm" lint --strict charts/modeldeploy
 	MYPYPATH=operator:serving_image:tools $(VENV)/bin/mypy -p modeldeploy -p modelserver -p localcluster
+
+lint-chart: binaries
+	"$$(tools/build-binaries.sh)/helm" lint --strict charts/modeldeploy
 
 cluster-up: deps
 	$(PY) -m localcluster up
