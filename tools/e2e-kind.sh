@@ -176,7 +176,8 @@ log "installing the CRDs and the chart"
 kubectl apply --server-side --force-conflicts -f "$REPO/charts/modeldeploy/crds/"
 helm upgrade --install "$RELEASE" "$REPO/charts/modeldeploy" --namespace "$RELEASE_NAMESPACE" --create-namespace \
   --set image.tag="$IMAGE_TAG" --set operator.defaultServingImage="$SERVING_IMAGE" \
-  --set operator.prometheusUrl=http://prometheus.monitoring.svc:9090 --wait --timeout 300s
+  --set operator.prometheusUrl=http://prometheus.monitoring.svc:9090 --set rbac.clusterWide=true \
+  --wait --timeout 300s
 
 # ------------------------------------------------------------------------------------------ e2e suite
 kubectl -n monitoring port-forward svc/prometheus "$PROMETHEUS_LOCAL_PORT:9090" >"$STATE_DIR/port-forward.log" 2>&1 &

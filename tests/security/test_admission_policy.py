@@ -20,7 +20,7 @@ from localcluster.testing import Kube
 from modeldeploy.kube import KubeError
 from unit.chart.chart_render import CHART, helm
 
-from .tenants import Author, author
+from .tenants import Author, author, grant
 
 MD_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments"
 VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
@@ -77,16 +77,22 @@ def refusal(a: Author, body: dict[str, Any]) -> str | None:
     return None
 
 
-def test_the_chart_policy_refuses_images_and_tolerations_the_platform_team_did_not_allow(
-    policed: Author,
-) -> None:
-    a = policed
-    # the apiserver loads a new policy within a moment: wait until it refuses the first bad object
+def in_effect(a: Author) -> str:
+    """Waits until the apiserver, which loads a new policy a moment later, refuses a bad image; the
+    refusal's message."""
     deadline = time.monotonic() + 30
     while (msg := refusal(a, md("probe", image="evil.example/miner:1"))) is None:
         a.api.delete(f"{MD_PATH.format(ns=a.namespace)}/probe")
         assert time.monotonic() < deadline, "the admission policy never took effect"
         time.sleep(0.5)
+    return msg
+
+
+def test_the_chart_policy_refuses_images_and_tolerations_the_platform_team_did_not_allow(
+    policed: Author,
+) -> None:
+    a = policed
+    msg = in_effect(a)
     assert "spec.image: evil.example/miner:1 is not from an allowed registry" in msg
     assert "registry.example.com/ml/" in msg
 
@@ -111,3 +117,54 @@ def test_the_chart_policy_refuses_images_and_tolerations_the_platform_team_did_n
             content_type="application/merge-patch+json",
         )
     assert err.value.status in (403, 422) and "spec.image" in str(err.value)
+
+
+def test_an_author_may_hand_their_pods_only_the_secrets_and_claims_they_may_read_themselves(
+    kube: Kube, policed: Author
+) -> None:
+    """The operator's pods would mount a Secret, a ConfigMap or a claim the author names: the policy
+    asks the apiserver's authorizer whether the *author* may get it, for every reference they add."""
+    a = policed
+    in_effect(a)
+    storage = {"secretRef": {"name": "payments-db"}}
+    s3 = {"name": "m", "uri": "s3://models/m/", "storage": storage}
+    msg = refusal(a, md("secret", model=s3))
+    assert msg is not None and "spec.model.storage.secretRef: you may not read Secret payments-db" in msg
+    ca = {"name": "m", "uri": "s3://models/m/", "storage": {"caBundle": {"configMapRef": {"name": "pki"}}}}
+    msg = refusal(a, md("ca", model=ca))
+    assert (
+        msg is not None and "spec.model.storage.caBundle.configMapRef: you may not read ConfigMap pki" in msg
+    )
+    msg = refusal(a, md("claim", model={"name": "m", "uri": "pvc://payments-data/models/m"}))
+    assert msg is not None and "spec.model.uri: you may not read PersistentVolumeClaim payments-data" in msg
+    fallback = {"model": {"uri": "pvc://payments-data/small"}}
+    msg = refusal(a, md("fb", fallback=fallback))
+    assert msg is not None and "you may not read PersistentVolumeClaim payments-data" in msg
+
+    # granted get on exactly that Secret and that claim, the author may use them
+    pvc = {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]}
+    rules = [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["payments-db"], "verbs": ["get"]},
+        {**pvc, "resourceNames": ["payments-data"]},
+    ]
+    grant(kube, a.namespace, subject=("author", a.namespace), rules=rules, role="reads")
+    deadline = time.monotonic() + 10  # the RBAC authorizer sees the new binding a moment later
+    while refusal(a, md("secret", model=s3)) is not None:
+        assert time.monotonic() < deadline, "the granted Secret is still refused"
+        time.sleep(0.2)
+    assert refusal(a, md("claim", model={"name": "m", "uri": "pvc://payments-data/models/m"})) is None
+
+    # the grant taken back: a new reference is refused again, but an update that keeps a reference it
+    # does not add is not asked about (the operator's own patches of a ModelDeployment are such updates)
+    kube.api.delete(f"/apis/rbac.authorization.k8s.io/v1/namespaces/{a.namespace}/roles/reads")
+    deadline = time.monotonic() + 10
+    while refusal(a, md("secret-2", model=s3)) is None:
+        a.api.delete(f"{MD_PATH.format(ns=a.namespace)}/secret-2")
+        assert time.monotonic() < deadline, "the revoked Secret is still taken"
+        time.sleep(0.2)
+    a.api.request(
+        "PATCH",
+        f"{MD_PATH.format(ns=a.namespace)}/secret",
+        body={"metadata": {"annotations": {"team": "payments"}}},
+        content_type="application/merge-patch+json",
+    )

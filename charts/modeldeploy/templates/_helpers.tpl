@@ -47,10 +47,25 @@ app.kubernetes.io/part-of: modeldeploy
 {{- include "modeldeploy.fullname" . -}}
 {{- end -}}
 
+{{/* The namespaces the operator watches, as a JSON list: [] in cluster mode (rbac.clusterWide), else
+watchNamespaces, or the release's own namespace when that list is empty (the default). */}}
+{{- define "modeldeploy.watched" -}}
+{{- if .Values.rbac.clusterWide -}}
+[]
+{{- else if .Values.watchNamespaces -}}
+{{- toJson .Values.watchNamespaces -}}
+{{- else -}}
+{{- toJson (list .Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Checks that no schema can express. */}}
 {{- define "modeldeploy.validate" -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.operator.peering.enabled) -}}
 {{- fail "replicaCount > 1 needs operator.peering.enabled: without peering every replica would act" -}}
+{{- end -}}
+{{- if and .Values.rbac.clusterWide .Values.watchNamespaces -}}
+{{- fail "rbac.clusterWide=true manages every namespace: leave watchNamespaces empty (or set rbac.clusterWide=false)" -}}
 {{- end -}}
 {{- if ne (len .Values.watchNamespaces) (len (uniq .Values.watchNamespaces)) -}}
 {{- fail "watchNamespaces has duplicates" -}}

@@ -69,7 +69,7 @@ class Helm:
 class Release:
     name: str
     namespace: str  # where the operator runs
-    watched: list[str]  # [] = cluster mode
+    watched: list[str]  # [] = cluster mode (rbac.clusterWide=true; the chart's default is namespaced)
     values: list[str] = field(default_factory=list)
     notes: str = ""
 
@@ -119,7 +119,11 @@ def install(helm: Helm, kube: Any, rel: Release, *extra: str) -> Release:
         "--set", f"operator.prometheusUrl={prometheus_url_for_pods(kube)}",
         # short keep-alives: a replaced operator pod's peer entry expires quickly
         "--set", "operator.peering.lifetime=10",
-        *(["--set", "watchNamespaces={" + ",".join(rel.watched) + "}"] if rel.watched else []),
+        *(
+            ["--set", "watchNamespaces={" + ",".join(rel.watched) + "}"]
+            if rel.watched
+            else ["--set", "rbac.clusterWide=true"]
+        ),
         *rel.values, *extra,
         "--wait", "--timeout", "180s",
     ]  # fmt: skip

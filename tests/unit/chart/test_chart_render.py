@@ -40,12 +40,42 @@ NEVER = {
 }
 
 
+CW = "--set=rbac.clusterWide=true"  # cluster mode (the default is namespaced)
+
+
 def rbac_objects(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
 
 
-def test_cluster_mode_rbac_is_exactly_what_the_operator_uses() -> None:
+def test_the_default_is_namespaced_mode_in_the_release_namespace_only() -> None:
     docs = render()
+    assert not by_kind(docs, "ClusterRoleBinding") or all(
+        b["roleRef"]["name"].endswith("-discovery") for b in by_kind(docs, "ClusterRoleBinding")
+    )
+    (role,) = by_kind(docs, "Role")
+    assert role["metadata"]["namespace"] == "md-system"
+    assert rule_table(role["rules"]) == {
+        **NAMESPACED_RULES,
+        ("kopf.dev", "kopfpeerings:md-modeldeploy"): {"get", "patch"},
+        ("kopf.dev", "kopfpeerings"): {"list", "watch"},
+    }
+    (cr,) = by_kind(docs, "ClusterRole")  # kopf's discovery only: names, no namespaced object
+    assert rule_table(cr["rules"]) == {**CRD_WATCH, ("", "namespaces"): {"list", "watch"}}
+    assert env_of(docs)["MODELDEPLOY_NAMESPACES"] == "md-system"
+    assert [p["metadata"]["namespace"] for p in by_kind(docs, "KopfPeering")] == ["md-system"]
+
+
+def test_cluster_wide_with_a_namespace_list_is_refused_by_name() -> None:
+    res = helm(
+        "template", "md", str(CHART), "--namespace", "md-system",
+        "--set", "rbac.clusterWide=true", "--set", "watchNamespaces={team-a}", check=False,
+    )  # fmt: skip
+    assert res.returncode != 0
+    assert "rbac.clusterWide=true manages every namespace: leave watchNamespaces empty" in res.stderr
+
+
+def test_cluster_mode_rbac_is_exactly_what_the_operator_uses() -> None:
+    docs = render("--set", "rbac.clusterWide=true")
     assert not by_kind(docs, "Role") and not by_kind(docs, "RoleBinding")
     role = one(docs, "ClusterRole")
     assert rule_table(role["rules"]) == {
@@ -216,10 +246,10 @@ def test_bad_values_are_refused(flags: list[str], message: str) -> None:
 
 
 def test_monitoring_objects_and_dashboard_only_when_enabled() -> None:
-    plain = render()
+    plain = render("--set", "rbac.clusterWide=true")
     for kind in ("ServiceMonitor", "PodMonitor", "ConfigMap"):
         assert not by_kind(plain, kind)
-    docs = render("-f", str(CHART / "ci" / "monitoring-values.yaml"))
+    docs = render("-f", str(CHART / "ci" / "monitoring-values.yaml"), "--set", "rbac.clusterWide=true")
     sm = one(docs, "ServiceMonitor")
     svc = next(d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("-metrics"))
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
@@ -265,15 +295,15 @@ def test_template_output_has_no_empty_or_duplicate_objects() -> None:
 
 def test_gateway_api_rights_only_when_enabled() -> None:
     key = ("gateway.networking.k8s.io", "httproutes")
-    assert key not in rule_table(one(render(), "ClusterRole")["rules"])
-    rules = rule_table(one(render("--set", "rbac.gatewayAPI=true"), "ClusterRole")["rules"])
+    assert key not in rule_table(one(render(CW), "ClusterRole")["rules"])
+    rules = rule_table(one(render(CW, "--set", "rbac.gatewayAPI=true"), "ClusterRole")["rules"])
     assert rules[key] == {"get", "list", "watch", "create", "patch", "delete"}
 
 
 def test_keda_rights_only_when_enabled() -> None:
     key = ("keda.sh", "scaledobjects")
-    assert key not in rule_table(one(render(), "ClusterRole")["rules"])
-    rules = rule_table(one(render("--set", "rbac.keda=true"), "ClusterRole")["rules"])
+    assert key not in rule_table(one(render(CW), "ClusterRole")["rules"])
+    rules = rule_table(one(render(CW, "--set", "rbac.keda=true"), "ClusterRole")["rules"])
     assert rules[key] == {"get", "list", "create", "patch", "delete"}
 
 
@@ -293,26 +323,34 @@ def test_the_service_monitor_keeps_the_operators_own_namespace_label() -> None:
     assert endpoints and all(ep.get("honorLabels") is True for ep in endpoints), endpoints
 
 
+def authors(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """The ModelDeployment authors' policy (or its binding): templates/admission-policy.yaml."""
+    (found,) = [d for d in by_kind(docs, kind) if d["metadata"]["name"].endswith("-authors")]
+    return found
+
+
 def test_the_admission_policy_is_on_by_default_and_bound_to_the_watched_namespaces_only() -> None:
     """Issue 24, finding 3: the policy's CEL carries the platform team's lists; its binding covers every
     namespace in cluster mode and only the watched ones in namespaced mode; it can be turned off."""
-    policy = one(render(), "ValidatingAdmissionPolicy")
+    policy = authors(render(), "ValidatingAdmissionPolicy")
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert json.loads(variables["images"]) == [] and json.loads(variables["tolerationKeys"]) == [
         "nvidia.com/gpu"
     ]
     assert policy["spec"]["failurePolicy"] == "Fail"
-    assert "matchResources" not in one(render(), "ValidatingAdmissionPolicyBinding")["spec"]
+    assert "matchResources" not in authors(render(CW), "ValidatingAdmissionPolicyBinding")["spec"]
+    default = authors(render(), "ValidatingAdmissionPolicyBinding")["spec"]["matchResources"]
+    assert default["namespaceSelector"]["matchExpressions"][0]["values"] == ["md-system"]
     docs = render(
         "--set",
         "watchNamespaces={team-a,team-b}",
         "--set",
         "admissionPolicy.allowedImagePrefixes={registry.example.com/ml/}",
     )
-    policy = one(docs, "ValidatingAdmissionPolicy")
+    policy = authors(docs, "ValidatingAdmissionPolicy")
     variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert json.loads(variables["images"]) == ["registry.example.com/ml/"]
-    binding = one(docs, "ValidatingAdmissionPolicyBinding")
+    binding = authors(docs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     (expr,) = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
@@ -321,3 +359,45 @@ def test_the_admission_policy_is_on_by_default_and_bound_to_the_watched_namespac
     assert not by_kind(off, "ValidatingAdmissionPolicy") and not by_kind(
         off, "ValidatingAdmissionPolicyBinding"
     )
+
+
+def pods_policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (policy,) = [
+        d for d in by_kind(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"].endswith("-pods")
+    ]
+    return policy
+
+
+def test_the_operator_pods_policy_binds_the_operators_own_service_account_where_it_watches() -> None:
+    docs = render("--set", "watchNamespaces={team-a,team-b}")
+    policy = [
+        d for d in by_kind(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"].endswith("-pods")
+    ]
+    (policy,) = policy
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rules == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["UPDATE"],
+            "resources": ["pods", "pods/status"],
+        }
+    ]
+    (cond,) = policy["spec"]["matchConditions"]
+    assert (
+        cond["expression"] == "request.userInfo.username == 'system:serviceaccount:md-system:md-modeldeploy'"
+    )
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (binding,) = [
+        d
+        for d in by_kind(docs, "ValidatingAdmissionPolicyBinding")
+        if d["spec"]["policyName"].endswith("-pods")
+    ]
+    expr = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]
+    assert expr["values"] == ["team-a", "team-b"]
+    custom = render("--set", "serviceAccount.name=ops-bot")
+    (cond,) = pods_policy(custom)["spec"]["matchConditions"]
+    assert cond["expression"].endswith("'system:serviceaccount:md-system:ops-bot'")
+    for off in ("admissionPolicy.operatorPods=false", "admissionPolicy.enabled=false"):
+        names = [d["metadata"]["name"] for d in by_kind(render("--set", off), "ValidatingAdmissionPolicy")]
+        assert not any(n.endswith("-pods") for n in names), off

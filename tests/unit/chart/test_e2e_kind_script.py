@@ -162,6 +162,8 @@ def test_full_flow_against_stubs(tmp_path: Path) -> None:
         index("python -m pytest -p no:cacheprovider tests/e2e -k scenario1"),
     ]
     assert order == sorted(order), calls
+    # the tests make namespaces of their own: the chart (namespaced by default) runs in cluster mode
+    assert "--set rbac.clusterWide=true" in calls[order[-2]]
     suite = calls[order[-1]]
     assert f"E2E_KUBECONFIG={kubeconfig}" in suite
     assert all(f"KUBECONFIG={kubeconfig}" in c for c in calls if c.startswith(("kubectl", "helm")))
