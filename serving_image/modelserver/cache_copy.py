@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from .storage_s3 import Listing, _is_md5, dir_digest_of
+from .storage_s3 import Listing, dir_digest_of, is_md5
 
 CHUNK = 4 << 20
 
@@ -96,7 +96,7 @@ def copy_verified(
     sums: dict[str, str] = {}
     matched: list[str] = []
     for o in listing.objects:
-        want_md5 = o.rel in md5_etags or (learn and _is_md5(o.etag))
+        want_md5 = o.rel in md5_etags or (learn and is_md5(o.etag))
         sums[o.rel], md5 = _copy_one(have[o.rel], into / o.rel, o.etag if want_md5 else None, check)
         if md5 is not None and md5 == o.etag.lower():
             matched.append(o.rel)

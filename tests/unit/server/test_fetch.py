@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from modelserver import fetch as fetch_mod
+from modelserver import s3_stream, s3_transfer, s3_verify
 from modelserver.fetch import FetchOptions, fetch_model, main, parse_size
 from modelserver.fetch_errors import (
     AccessDenied,
@@ -202,12 +203,12 @@ def test_large_objects_ranged_and_multipart_etag(s3_env, s3, bucket, tmp_path: P
     assert s3.head_object(Bucket=bucket, Key="big/weights.bin")["ETag"].strip('"').endswith("-3")
     s3.put_object(Bucket=bucket, Key="big/small.bin", Body=os.urandom(7 * MiB))
     dest = tmp_path / "out"
-    import modelserver.storage_s3 as s3mod
 
     def no_reread(*a: Any, **kw: Any) -> Any:
         raise AssertionError("the ETag check read the file again")
 
-    monkeypatch.setattr(s3mod, "hash_file", no_reread)
+    for where in (s3_transfer, s3_verify):  # the two places a file is read again
+        monkeypatch.setattr(where, "hash_file", no_reread)
     small_chunks = TransferOptions(threshold=5 * MiB, chunk_size=6 * MiB, concurrency=4)
     with caplog.at_level("INFO", logger="modelserver.fetch"):
         fetch_model(f"s3://{bucket}/big", dest, opts(transfer=small_chunks))
@@ -236,7 +237,7 @@ def test_flexible_crc32_checked_from_the_ranges_with_no_md5(s3_env, s3, bucket, 
     )
     s3.put_object(Bucket=bucket, Key="m/small.bin", Body=small)
     used: list[str] = []
-    real = s3mod.new_hasher
+    real = s3_stream.new_hasher
 
     def recording(algorithm: str) -> Any:
         used.append(algorithm)
@@ -245,8 +246,9 @@ def test_flexible_crc32_checked_from_the_ranges_with_no_md5(s3_env, s3, bucket, 
     def no_reread(*a: Any, **kw: Any) -> Any:
         raise AssertionError("the check read the file again")
 
-    monkeypatch.setattr(s3mod, "new_hasher", recording)
-    monkeypatch.setattr(s3mod, "hash_file", no_reread)
+    monkeypatch.setattr(s3_stream, "new_hasher", recording)
+    for where in (s3_transfer, s3_verify):  # the two places a file is read again
+        monkeypatch.setattr(where, "hash_file", no_reread)
     client = s3mod.make_client(S3Settings.from_env(), ClientOptions())
     listing = s3mod.resolve(client, parse_s3_uri(f"s3://{bucket}/m/"))
     assert all(o.checksum_algorithms == ("CRC32",) for o in listing.objects)
@@ -281,18 +283,20 @@ def test_a_flexible_checksum_mismatch_is_settled_by_the_etag(s3_env, s3, bucket,
     client = s3mod.make_client(S3Settings.from_env(), ClientOptions())
     obj = s3mod.resolve(client, parse_s3_uri(f"s3://{bucket}/one.bin")).objects[0]
     wrong = StoreChecksum("CRC32", "FULL_OBJECT", "AAAAAA==")
-    plan = s3mod._Plan(obj, None, "flex", None, "CRC32", wrong)
+    plan = s3mod.Plan(obj, None, "flex", None, "CRC32", wrong)
     hashes = s3mod.StreamHashes()
     hashes._parts[(bucket, obj.key)] = {0: (zlib.crc32(data).to_bytes(4, "big"), len(data))}
     good = tmp_path / "good.bin"
     good.write_bytes(data)
     with caplog.at_level("WARNING", logger="modelserver.fetch"):
-        assert s3mod._verify(client, bucket, plan, good, hashes, want_sha256=False).verified == "etag-md5"
+        assert (
+            s3_transfer._verify(client, bucket, plan, good, hashes, want_sha256=False).verified == "etag-md5"
+        )
     assert any("not understood; the ETag matched" in r.getMessage() for r in caplog.records)
     bad = tmp_path / "bad.bin"
     bad.write_bytes(bytes([data[0] ^ 1]) + data[1:])
     with pytest.raises(ChecksumMismatch, match="does not match the store's ETag"):
-        s3mod._verify(client, bucket, plan, bad, hashes, want_sha256=False)
+        s3_transfer._verify(client, bucket, plan, bad, hashes, want_sha256=False)
 
 
 def test_prefix_sha256_is_the_directory_digest(s3_env, s3, bucket, tmp_path: Path):
