@@ -3,12 +3,15 @@ object checked by its plan, with the overall deadline and cancellation."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +107,129 @@ def _verify(
     return FileDigest(sha, d.verified)
 
 
+@functools.cache
+def _subscriber_class() -> type[Any]:
+    """s3transfer's subscriber for one object (imported on first use, as boto3 is: the server imports
+    this package without fetching anything): size and ETag from the listing (no HEAD per object, and
+    ranged GETs carry If-Match), progress counted, the finished future posted to ``events``."""
+    from s3transfer.subscribers import BaseSubscriber
+
+    class Subscriber(BaseSubscriber):
+        def __init__(self, obj: RemoteObject, progress: Progress, events: queue.Queue[Any]) -> None:
+            self.obj, self.progress, self.events = obj, progress, events
+
+        def on_queued(self, future: Any, **kwargs: Any) -> None:
+            future.meta.provide_transfer_size(self.obj.size)
+            if self.obj.etag:
+                future.meta.provide_object_etag(f'"{self.obj.etag}"')
+
+        def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
+            self.progress.add(bytes_transferred)
+
+        def on_done(self, future: Any, **kwargs: Any) -> None:
+            self.events.put(future)
+
+    return Subscriber
+
+
+def _groups(plans: list[Plan], opts: TransferOptions) -> list[tuple[int | None, list[Plan]]]:
+    """The plans by ranged-GET size (None: one GET whatever the size), smallest first; an object below
+    the chunk size joins that group (one GET there too), so it needs no manager of its own."""
+    groups: dict[int | None, list[Plan]] = {}
+    for plan in plans:
+        key = plan.chunk
+        if key is None and plan.obj.size < opts.chunk_size:
+            key = opts.chunk_size
+        groups.setdefault(key, []).append(plan)
+    return sorted(groups.items(), key=lambda kv: kv[0] or 0)
+
+
+def _transfer_config(chunk: int | None, opts: TransferOptions) -> Any:
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(
+        # None: one GET whatever the size
+        multipart_threshold=chunk if chunk is not None else (1 << 62),
+        multipart_chunksize=chunk or opts.chunk_size,
+        max_concurrency=opts.concurrency,
+        num_download_attempts=opts.stream_attempts,
+        max_io_queue=1000,
+        preferred_transfer_client="classic",
+    )
+
+
+@dataclass
+class _Run:
+    """One download's shared state: what it reads from, where it writes, and what has finished."""
+
+    client: Any
+    listing: Listing
+    into: Path
+    progress: Progress
+    want_sha256: bool
+    deadline: float
+    cancelled: Callable[[], bool]
+    endpoint: str
+    hashes: StreamHashes
+    hasher: ThreadPoolExecutor
+    # finished downloads and checks, as they finish: no polling interval between a transfer's end and its
+    # check, or between one group and the next
+    events: queue.Queue[Any] = field(default_factory=queue.Queue)
+    hashing: dict[Future[FileDigest], RemoteObject] = field(default_factory=dict)
+    digests: dict[str, FileDigest] = field(default_factory=dict)
+
+    @property
+    def bucket(self) -> str:
+        return self.listing.location.bucket
+
+    def mapped(self, e: BaseException, obj: RemoteObject) -> FetchError:
+        return map_error(e, f"s3://{self.bucket}/{obj.key}", self.endpoint)
+
+    def start(self, manager: Any, plans: list[Plan]) -> dict[Any, Plan]:
+        pending: dict[Any, Plan] = {}
+        for plan in plans:
+            target = self.into / plan.obj.rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            extra = {"VersionId": plan.obj.version_id} if plan.obj.version_id else {}
+            sub = _subscriber_class()(plan.obj, self.progress, self.events)
+            fut = manager.download(
+                self.bucket, plan.obj.key, str(target), extra_args=extra, subscribers=[sub]
+            )
+            pending[fut] = plan
+        return pending
+
+    def finish(self, pending: dict[Any, Plan]) -> None:
+        """Waits for ``pending`` transfers, handing each finished one to a check."""
+        while pending:
+            _tick(self.listing, self.deadline, self.cancelled)
+            done = _next_event(self.events)
+            if done is None:
+                # no word for a while: look at the transfers themselves too (a done callback that was
+                # never called must not leave the fetch waiting for its deadline)
+                done = next((f for f in pending if f.done()), None)
+            if done in pending:
+                plan = pending.pop(done)
+                try:
+                    done.result()
+                except Exception as e:
+                    raise self.mapped(e, plan.obj) from e
+                path = self.into / plan.obj.rel
+                hf = self.hasher.submit(
+                    _verify, self.client, self.bucket, plan, path, self.hashes, self.want_sha256
+                )
+                self.hashing[hf] = plan.obj
+                hf.add_done_callback(self.events.put)
+            _collect(self.hashing, self.digests, self.mapped)
+            self.progress.maybe_log()
+
+    def checks(self) -> None:
+        """Waits for the checks still running."""
+        while self.hashing:
+            _tick(self.listing, self.deadline, self.cancelled)
+            _next_event(self.events)
+            _collect(self.hashing, self.digests, self.mapped)
+
+
 def download(
     client: Any,
     listing: Listing,
@@ -125,32 +251,9 @@ def download(
     ranges of any size; a COMPOSITE one needs one range per upload part), else with MD5 for the ETag (a
     multipart object's ranges are its upload parts; a single-part object up to ``single_stream_max``
     comes in one GET whose MD5 is its ETag)."""
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    from boto3.s3.transfer import TransferConfig, create_transfer_manager
-    from s3transfer.subscribers import BaseSubscriber
+    from boto3.s3.transfer import create_transfer_manager
 
     bucket = listing.location.bucket
-
-    class _Sub(BaseSubscriber):
-        def __init__(self, obj: RemoteObject) -> None:
-            self.obj = obj
-
-        def on_queued(self, future: Any, **kwargs: Any) -> None:
-            # size and ETag from the listing: no HEAD per object, and ranged GETs carry If-Match
-            future.meta.provide_transfer_size(self.obj.size)
-            if self.obj.etag:
-                future.meta.provide_object_etag(f'"{self.obj.etag}"')
-
-        def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
-            progress.add(bytes_transferred)
-
-        def on_done(self, future: Any, **kwargs: Any) -> None:
-            events.put(future)
-
-    def mapped(e: BaseException, obj: RemoteObject) -> FetchError:
-        return map_error(e, f"s3://{bucket}/{obj.key}", endpoint)
-
     try:
         plans = plan_objects(client, bucket, listing.objects, opts)
     except Exception as e:
@@ -161,67 +264,17 @@ def download(
         for plan in plans:
             if plan.check == "flex":
                 hashes.use(bucket, plan.obj.key, plan.algorithm)
-    groups: dict[int | None, list[Plan]] = {}
-    for plan in plans:
-        key = plan.chunk
-        if key is None and plan.obj.size < opts.chunk_size:
-            # below that group's threshold: one GET there too, and no group (manager) of its own
-            key = opts.chunk_size
-        groups.setdefault(key, []).append(plan)
     hasher = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="verify")
-    # finished downloads and checks, as they finish: no polling interval between a transfer's end and its
-    # check, or between one group and the next
-    events: queue.Queue[Any] = queue.Queue()
-    hashing: dict[Future[FileDigest], RemoteObject] = {}
-    digests: dict[str, FileDigest] = {}
+    run = _Run(client, listing, into, progress, want_sha256, deadline, cancelled, endpoint, hashes, hasher)
     ok = False
     manager = None
     try:
-        for chunk, members in sorted(groups.items(), key=lambda kv: kv[0] or 0):
-            cfg = TransferConfig(
-                # None: one GET whatever the size
-                multipart_threshold=chunk if chunk is not None else (1 << 62),
-                multipart_chunksize=chunk or opts.chunk_size,
-                max_concurrency=opts.concurrency,
-                num_download_attempts=opts.stream_attempts,
-                max_io_queue=1000,
-                preferred_transfer_client="classic",
-            )
-            manager = create_transfer_manager(client, cfg)
-            pending: dict[Any, Plan] = {}
-            for plan in members:
-                target = into / plan.obj.rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                extra = {"VersionId": plan.obj.version_id} if plan.obj.version_id else {}
-                fut = manager.download(
-                    bucket, plan.obj.key, str(target), extra_args=extra, subscribers=[_Sub(plan.obj)]
-                )
-                pending[fut] = plan
-            while pending:
-                _tick(listing, deadline, cancelled)
-                done = _next_event(events)
-                if done is None:
-                    # no word for a while: look at the transfers themselves too (a done callback that was
-                    # never called must not leave the fetch waiting for its deadline)
-                    done = next((f for f in pending if f.done()), None)
-                if done in pending:
-                    plan = pending.pop(done)
-                    try:
-                        done.result()
-                    except Exception as e:
-                        raise mapped(e, plan.obj) from e
-                    path = into / plan.obj.rel
-                    hf = hasher.submit(_verify, client, bucket, plan, path, hashes, want_sha256)
-                    hashing[hf] = plan.obj
-                    hf.add_done_callback(events.put)
-                _collect(hashing, digests, mapped)
-                progress.maybe_log()
+        for chunk, members in _groups(plans, opts):
+            manager = create_transfer_manager(client, _transfer_config(chunk, opts))
+            run.finish(run.start(manager, members))
             manager.shutdown()
             manager = None
-        while hashing:
-            _tick(listing, deadline, cancelled)
-            _next_event(events)
-            _collect(hashing, digests, mapped)
+        run.checks()
         ok = True
     finally:
         if opts.etag_check:
@@ -230,7 +283,7 @@ def download(
         if manager is not None:
             # cancel what runs; threads blocked in a read end at the read timeout: do not wait for them
             threading.Thread(target=manager.shutdown, kwargs={"cancel": True}, daemon=True).start()
-    return digests
+    return run.digests
 
 
 def _next_event(events: queue.Queue[Any], timeout: float = 0.1) -> Any:
