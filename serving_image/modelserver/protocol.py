@@ -243,26 +243,69 @@ def _binary_tensor(raw: bytes, dt: str, shape: list[int], what: str, name: str) 
     return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
 
 
-def decode_request(body: bytes, header_length: str | None, specs: dict[str, TensorSpec]) -> InferRequest:
-    """Parse and validate an infer request against the model's input specs."""
-    binary = b""
-    if header_length is not None:
-        try:
-            hl = int(header_length)
-        except ValueError:
-            raise InvalidInput("Inference-Header-Content-Length must be an integer") from None
-        if hl < 0 or hl > len(body):
-            raise InvalidInput("Inference-Header-Content-Length is larger than the body")
-        body, binary = body[:hl], body[hl:]
-    if not body:
-        raise InvalidInput("empty request body")
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
+    """The JSON header and the binary tensor data after it (``Inference-Header-Content-Length``)."""
+    if header_length is None:
+        return body, b""
     try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        raise InvalidInput(f"malformed JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise InvalidInput("the request body must be a JSON object")
-    req = InferRequest(inputs={})
+        hl = int(header_length)
+    except ValueError:
+        raise InvalidInput("Inference-Header-Content-Length must be an integer") from None
+    if not 0 <= hl <= len(body):
+        raise InvalidInput("Inference-Header-Content-Length is larger than the body")
+    return body[:hl], body[hl:]
+
+
+def _json_tensor(flat: list[Any], dt: str, count: int, what: str, *, strict: bool) -> np.ndarray:
+    """The flat array of one tensor's JSON ``data``. ``strict`` (a request): each value must be of the
+    datatype's JSON type and BYTES stay strings; else (a response) BYTES become bytes."""
+    if dt == "BYTES":
+        if strict and not all(isinstance(v, str) for v in flat):
+            raise InvalidInput(f"{what}: BYTES data must be strings")
+        arr = np.empty(count, dtype=object)
+        arr[:] = flat if strict else [v.encode("utf-8") if isinstance(v, str) else v for v in flat]
+        return arr
+    if strict:
+        kinds: tuple[type, ...] = (int,) if dt.startswith(("INT", "UINT")) else (int, float)
+        if dt == "BOOL":
+            kinds = (bool,)
+        if not all(isinstance(v, kinds) and (dt == "BOOL" or not isinstance(v, bool)) for v in flat):
+            raise InvalidInput(f"{what}: {dt} data must be {'integers' if kinds == (int,) else 'numbers'}")
+    try:
+        return np.asarray(flat, dtype=DTYPES[dt])
+    except (ValueError, TypeError, OverflowError) as e:
+        raise InvalidInput(
+            f"{what}: cannot convert data to {dt}: {e}" if strict else f"{what}: {e}"
+        ) from None
+
+
+def decode_tensor(
+    t: dict[str, Any], dt: str, shape: list[int], binary: bytes, offset: int, *, strict: bool
+) -> tuple[np.ndarray, int]:
+    """One tensor of a request (``strict``) or a response: from the binary data at ``offset`` when it
+    says ``binary_data_size``, else from its JSON ``data``. Returns the array, shaped, and the offset
+    after it."""
+    name = t["name"]
+    what = f"{'input' if strict else 'output'} '{name}'"
+    count = math.prod(shape)
+    size = (t.get("parameters") or {}).get("binary_data_size")
+    if size is not None:
+        if strict and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+            raise InvalidInput(f"{what}: binary_data_size must be a non-negative integer")
+        if not isinstance(size, int) or size < 0 or offset + size > len(binary):
+            raise InvalidInput(f"{what}: binary data is shorter than binary_data_size")
+        raw = binary[offset : offset + size]
+        return _binary_tensor(raw, dt, shape, what, name).reshape(shape), offset + size
+    if strict and "data" not in t:
+        raise InvalidInput(f"{what} has no 'data'")
+    flat = _flatten(t.get("data"))
+    if len(flat) != count:
+        raise InvalidInput(f"{what}: {len(flat)} values do not match shape {shape}")
+    return _json_tensor(flat, dt, count, what, strict=strict).reshape(shape), offset
+
+
+def _request_parameters(doc: dict[str, Any], req: InferRequest) -> None:
+    """The request's id and parameters (priority, timeout, binary_data_output) into ``req``."""
     rid = doc.get("id")
     if rid is not None:
         if not isinstance(rid, str):
@@ -287,92 +330,85 @@ def decode_request(body: bytes, header_length: str | None, specs: dict[str, Tens
         raise InvalidInput("parameter 'binary_data_output' must be a boolean")
     req.binary_all = bdo
 
+
+def _input_header(
+    inp: Any, seen: dict[str, np.ndarray], specs: dict[str, TensorSpec]
+) -> tuple[str, list[int]]:
+    """One input's checked datatype and shape (its name known, not given twice, of the model's type)."""
+    if not isinstance(inp, dict):
+        raise InvalidInput("each input must be an object")
+    name = inp.get("name")
+    if not isinstance(name, str):
+        raise InvalidInput("each input needs a string 'name'")
+    if name in seen:
+        raise InvalidInput(f"input '{name}' given twice")
+    spec = specs.get(name)
+    if spec is None:
+        raise InvalidInput(f"unknown input '{name}'; the model takes {sorted(specs)}")
+    dt = inp.get("datatype")
+    if dt not in DTYPES:
+        raise InvalidInput(f"input '{name}': unknown datatype {dt!r}")
+    if dt != spec.datatype:
+        raise InvalidInput(f"input '{name}' must have datatype {spec.datatype}, got {dt}")
+    shape = inp.get("shape")
+    if (
+        not isinstance(shape, list)
+        or not shape
+        or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape)
+    ):
+        raise InvalidInput(f"input '{name}': 'shape' must be a non-empty list of non-negative integers")
+    count = math.prod(shape)
+    if count > 1 << 26:
+        raise InvalidInput(f"input '{name}' is too large ({count} elements)")
+    if not isinstance(inp.get("parameters") or {}, dict):
+        raise InvalidInput(f"input '{name}': 'parameters' must be an object")
+    return dt, shape
+
+
+def _requested_outputs(doc: dict[str, Any], req: InferRequest) -> None:
+    outs = doc.get("outputs")
+    if outs is None:
+        return
+    if not isinstance(outs, list):
+        raise InvalidInput("'outputs' must be a list")
+    req.outputs = []
+    for o in outs:
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise InvalidInput("each requested output needs a string 'name'")
+        req.outputs.append(o["name"])
+        op = o.get("parameters") or {}
+        if not isinstance(op, dict):
+            raise InvalidInput("output 'parameters' must be an object")
+        bd = op.get("binary_data", False)
+        if not isinstance(bd, bool):
+            raise InvalidInput("output parameter 'binary_data' must be a boolean")
+        if bd:
+            req.binary_outputs.add(o["name"])
+
+
+def decode_request(body: bytes, header_length: str | None, specs: dict[str, TensorSpec]) -> InferRequest:
+    """Parse and validate an infer request against the model's input specs."""
+    body, binary = split_body(body, header_length)
+    if not body:
+        raise InvalidInput("empty request body")
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise InvalidInput(f"malformed JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidInput("the request body must be a JSON object")
+    req = InferRequest(inputs={})
+    _request_parameters(doc, req)
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise InvalidInput("'inputs' must be a non-empty list")
     offset = 0
     for inp in inputs:
-        if not isinstance(inp, dict):
-            raise InvalidInput("each input must be an object")
-        name = inp.get("name")
-        if not isinstance(name, str):
-            raise InvalidInput("each input needs a string 'name'")
-        if name in req.inputs:
-            raise InvalidInput(f"input '{name}' given twice")
-        spec = specs.get(name)
-        if spec is None:
-            raise InvalidInput(f"unknown input '{name}'; the model takes {sorted(specs)}")
-        dt = inp.get("datatype")
-        if dt not in DTYPES:
-            raise InvalidInput(f"input '{name}': unknown datatype {dt!r}")
-        if dt != spec.datatype:
-            raise InvalidInput(f"input '{name}' must have datatype {spec.datatype}, got {dt}")
-        shape = inp.get("shape")
-        if (
-            not isinstance(shape, list)
-            or not shape
-            or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape)
-        ):
-            raise InvalidInput(f"input '{name}': 'shape' must be a non-empty list of non-negative integers")
-        count = math.prod(shape)
-        if count > 1 << 26:
-            raise InvalidInput(f"input '{name}' is too large ({count} elements)")
-        iparams = inp.get("parameters") or {}
-        if not isinstance(iparams, dict):
-            raise InvalidInput(f"input '{name}': 'parameters' must be an object")
-        bsize = iparams.get("binary_data_size")
-        if bsize is not None:
-            if isinstance(bsize, bool) or not isinstance(bsize, int) or bsize < 0:
-                raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
-            if offset + bsize > len(binary):
-                raise InvalidInput(f"input '{name}': binary data is shorter than binary_data_size")
-            raw = binary[offset : offset + bsize]
-            offset += bsize
-            arr = _binary_tensor(raw, dt, shape, f"input '{name}'", name)
-        else:
-            if "data" not in inp:
-                raise InvalidInput(f"input '{name}' has no 'data'")
-            flat = _flatten(inp["data"])
-            if len(flat) != count:
-                raise InvalidInput(f"input '{name}': {len(flat)} values do not match shape {shape}")
-            if dt == "BYTES":
-                if not all(isinstance(v, str) for v in flat):
-                    raise InvalidInput(f"input '{name}': BYTES data must be strings")
-                arr = np.empty(count, dtype=object)
-                arr[:] = flat
-            else:
-                kinds: tuple[type, ...] = (int,) if dt.startswith(("INT", "UINT")) else (int, float)
-                if dt == "BOOL":
-                    kinds = (bool,)
-                if not all(isinstance(v, kinds) and (dt == "BOOL" or not isinstance(v, bool)) for v in flat):
-                    raise InvalidInput(
-                        f"input '{name}': {dt} data must be {'integers' if kinds == (int,) else 'numbers'}"
-                    )
-                try:
-                    arr = np.asarray(flat, dtype=DTYPES[dt])
-                except (ValueError, TypeError, OverflowError) as e:
-                    raise InvalidInput(f"input '{name}': cannot convert data to {dt}: {e}") from None
-        req.inputs[name] = arr.reshape(shape)
+        dt, shape = _input_header(inp, req.inputs, specs)
+        req.inputs[inp["name"]], offset = decode_tensor(inp, dt, shape, binary, offset, strict=True)
     if offset != len(binary):
         raise InvalidInput("the request has binary data not claimed by any input")
-
-    outs = doc.get("outputs")
-    if outs is not None:
-        if not isinstance(outs, list):
-            raise InvalidInput("'outputs' must be a list")
-        req.outputs = []
-        for o in outs:
-            if not isinstance(o, dict) or not isinstance(o.get("name"), str):
-                raise InvalidInput("each requested output needs a string 'name'")
-            req.outputs.append(o["name"])
-            op = o.get("parameters") or {}
-            if not isinstance(op, dict):
-                raise InvalidInput("output 'parameters' must be an object")
-            bd = op.get("binary_data", False)
-            if not isinstance(bd, bool):
-                raise InvalidInput("output parameter 'binary_data' must be a boolean")
-            if bd:
-                req.binary_outputs.add(o["name"])
+    _requested_outputs(doc, req)
     return req
 
 
@@ -433,15 +469,7 @@ def decode_response(body: bytes, header_length: str | None) -> dict[str, np.ndar
     Used by the shadow mirror to read the shadow revision's answer; raises :class:`InvalidInput` on a
     response it cannot read (the mirror counts that as the shadow's error).
     """
-    binary = b""
-    if header_length is not None:
-        try:
-            hl = int(header_length)
-        except ValueError:
-            raise InvalidInput("Inference-Header-Content-Length must be an integer") from None
-        if not 0 <= hl <= len(body):
-            raise InvalidInput("Inference-Header-Content-Length is larger than the body")
-        body, binary = body[:hl], body[hl:]
+    body, binary = split_body(body, header_length)
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError as e:
@@ -457,25 +485,5 @@ def decode_response(body: bytes, header_length: str | None) -> dict[str, np.ndar
         name, dt, shape = o["name"], o.get("datatype"), o.get("shape")
         if dt not in DTYPES or not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
             raise InvalidInput(f"output '{name}': bad datatype or shape")
-        count = math.prod(shape)
-        size = (o.get("parameters") or {}).get("binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-                raise InvalidInput(f"output '{name}': binary data is shorter than binary_data_size")
-            raw = binary[offset : offset + size]
-            offset += size
-            arr = _binary_tensor(raw, dt, shape, f"output '{name}'", name)
-        else:
-            flat = _flatten(o.get("data"))
-            if len(flat) != count:
-                raise InvalidInput(f"output '{name}': {len(flat)} values do not match shape {shape}")
-            if dt == "BYTES":
-                arr = np.empty(count, dtype=object)
-                arr[:] = [v.encode("utf-8") if isinstance(v, str) else v for v in flat]
-            else:
-                try:
-                    arr = np.asarray(flat, dtype=DTYPES[dt])
-                except (ValueError, TypeError, OverflowError) as e:
-                    raise InvalidInput(f"output '{name}': {e}") from None
-        out[name] = arr.reshape(shape)
+        out[name], offset = decode_tensor(o, dt, shape, binary, offset, strict=False)
     return out
