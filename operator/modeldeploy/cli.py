@@ -69,26 +69,8 @@ def render_status(md: dict[str, Any], now: datetime | None = None) -> str:
         f"step {_step(spec, st)}  previous {st.get('previousRevision') or '-'}"
         + (f" (warm until {st['previousExpiresAt']})" if st.get("previousExpiresAt") else ""),
     ]
-    sh = st.get("shadow")
-    if sh:
-        shadow_spec = (spec.get("rollout") or {}).get("shadow") or {}
-        if sh.get("startedAt"):
-            agreement = sh.get("agreement")
-            so_far = (
-                f"agreement {agreement:.4f} over {sh.get('samples') or 0} compared requests"
-                if agreement is not None
-                else f"{sh.get('samples') or 0} compared requests"
-            )
-            lines.append(
-                f"  shadow: {so_far} (minAgreement {shadow_spec.get('minAgreement', 0.99)}, "
-                f"minSamples {shadow_spec.get('minSamples', 200)}); started {_age(sh['startedAt'], now)} ago "
-                f"of {shadow_spec.get('duration', '?')}"
-            )
-        else:
-            lines.append(
-                f"  shadow: waiting for warm pods and for the stable servers to copy "
-                f"({sh.get('copyingPods') or 0} copying) since {_age(sh.get('waitingSince'), now)}"
-            )
+    if st.get("shadow"):
+        lines.append(_shadow_line(spec, st["shadow"], now))
     pending = (meta.get("annotations") or {}).get(COMMAND_ANNOTATION)
     if pending:
         lines.append(f"  pending command: {pending}")
@@ -97,82 +79,78 @@ def render_status(md: dict[str, Any], now: datetime | None = None) -> str:
             f"  (status is for generation {st.get('observedGeneration')}, spec is {meta.get('generation')})"
         )
     revs = st.get("revisions") or []
-    if revs:
-        lines.append("")
-        lines.extend(
-            "  " + line
-            for line in _table(
-                [("REVISION", "ROLE", "VERSION", "DESIRED", "PODS", "READY", "IN-TRAFFIC", "UNSCHEDULABLE")]
-                + [
-                    (
-                        r.get("revision"),
-                        r.get("role"),
-                        r.get("modelVersion"),
-                        r.get("replicas"),
-                        r.get("currentReplicas"),
-                        r.get("readyReplicas"),
-                        r.get("inTrafficReplicas"),
-                        r.get("unschedulableReplicas"),
-                    )
-                    for r in revs
-                ]
+    lines += _section(
+        ("REVISION", "ROLE", "VERSION", "DESIRED", "PODS", "READY", "IN-TRAFFIC", "UNSCHEDULABLE"),
+        [
+            (
+                r.get("revision"),
+                r.get("role"),
+                r.get("modelVersion"),
+                r.get("replicas"),
+                r.get("currentReplicas"),
+                r.get("readyReplicas"),
+                r.get("inTrafficReplicas"),
+                r.get("unschedulableReplicas"),
             )
-        )
-        for r in revs:
-            if r.get("schedulingMessage"):
-                lines.append(f"  ! {r['revision']}: {r['schedulingMessage']}")
-    conds = st.get("conditions") or []
-    if conds:
-        lines.append("")
-        lines.extend(
-            "  " + line
-            for line in _table(
-                [("CONDITION", "STATUS", "REASON", "SINCE", "MESSAGE")]
-                + [
-                    (
-                        c.get("type"),
-                        c.get("status"),
-                        c.get("reason"),
-                        _age(c.get("lastTransitionTime"), now),
-                        c.get("message"),
-                    )
-                    for c in conds
-                ]
+            for r in revs
+        ],
+    )
+    lines += [f"  ! {r['revision']}: {r['schedulingMessage']}" for r in revs if r.get("schedulingMessage")]
+    lines += _section(
+        ("CONDITION", "STATUS", "REASON", "SINCE", "MESSAGE"),
+        [
+            (
+                c.get("type"),
+                c.get("status"),
+                c.get("reason"),
+                _age(c.get("lastTransitionTime"), now),
+                c.get("message"),
             )
-        )
-    measurements = (st.get("analysis") or {}).get("measurements") or []
-    if measurements:
-        lines.append("")
-        lines.extend(
-            "  " + line
-            for line in _table(
-                [("METRIC", "VALUE", "THRESHOLD", "VERDICT", "AGE")]
-                + [
-                    (
-                        m.get("metric"),
-                        m.get("value"),
-                        m.get("threshold"),
-                        m.get("verdict"),
-                        _age(m.get("time"), now),
-                    )
-                    for m in measurements
-                ]
-            )
-        )
-    history = st.get("history") or []
-    if history:
-        lines.append("")
-        lines.extend(
-            "  " + line
-            for line in _table(
-                [("REVISION", "OUTCOME", "AGE", "REASON")]
-                + [
-                    (h.get("revision"), h.get("outcome"), _age(h.get("time"), now), h.get("reason"))
-                    for h in history
-                ]
-            )
-        )
+            for c in st.get("conditions") or []
+        ],
+    )
+    lines += _section(
+        ("METRIC", "VALUE", "THRESHOLD", "VERDICT", "AGE"),
+        [
+            (m.get("metric"), m.get("value"), m.get("threshold"), m.get("verdict"), _age(m.get("time"), now))
+            for m in (st.get("analysis") or {}).get("measurements") or []
+        ],
+    )
+    lines += _section(
+        ("REVISION", "OUTCOME", "AGE", "REASON"),
+        [
+            (h.get("revision"), h.get("outcome"), _age(h.get("time"), now), h.get("reason"))
+            for h in st.get("history") or []
+        ],
+    )
     return "\n".join(lines) + "\n"
+
+
+def _section(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
+    """A blank line and an indented table, or nothing without rows."""
+    if not rows:
+        return []
+    return ["", *("  " + line for line in _table([header, *rows]))]
+
+
+def _shadow_line(spec: dict[str, Any], sh: dict[str, Any], now: datetime) -> str:
+    shadow_spec = (spec.get("rollout") or {}).get("shadow") or {}
+    if not sh.get("startedAt"):
+        return (
+            f"  shadow: waiting for warm pods and for the stable servers to copy "
+            f"({sh.get('copyingPods') or 0} copying) since {_age(sh.get('waitingSince'), now)}"
+        )
+    agreement = sh.get("agreement")
+    so_far = (
+        f"agreement {agreement:.4f} over {sh.get('samples') or 0} compared requests"
+        if agreement is not None
+        else f"{sh.get('samples') or 0} compared requests"
+    )
+    return (
+        f"  shadow: {so_far} (minAgreement {shadow_spec.get('minAgreement', 0.99)}, "
+        f"minSamples {shadow_spec.get('minSamples', 200)}); started {_age(sh['startedAt'], now)} ago "
+        f"of {shadow_spec.get('duration', '?')}"
+    )
 
 
 def _step(spec: dict[str, Any], st: dict[str, Any]) -> str:
