@@ -104,7 +104,14 @@ class Metrics:
             buckets=PADDING_BUCKETS,
             registry=r,
         ).labels(*lv)
-        shadow = (*labels, "shadow_revision")
+        self._shadow_metrics(r, (*labels, "shadow_revision"))
+        self._codes: dict[int, Counter] = {}
+        self._reasons: dict[str, Counter] = {}
+        for reason in REJECT_REASONS:
+            self.reject_child(reason)
+
+    def _shadow_metrics(self, r: CollectorRegistry, shadow: tuple[str, ...]) -> None:
+        """The shadow mirror's series, labelled by the shadow revision (modelserver.shadow)."""
         self.shadow_requests = Counter(
             "modelserver_shadow_requests",
             "Requests copied to a shadow revision, by result (agree, disagree, error, timeout, dropped)",
@@ -131,10 +138,6 @@ class Metrics:
             [*shadow, "sample_rate"],
             registry=r,
         )
-        self._codes: dict[int, Counter] = {}
-        self._reasons: dict[str, Counter] = {}
-        for reason in REJECT_REASONS:
-            self.reject_child(reason)
 
     def reject_child(self, reason: str) -> Counter:
         c = self._reasons.get(reason)
