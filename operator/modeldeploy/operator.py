@@ -322,6 +322,30 @@ def prometheus_config(args: argparse.Namespace) -> Any:
     return config_for
 
 
+def log_start(ident: str, args: argparse.Namespace, liveness: str | None) -> None:
+    log.info(
+        "starting: identity=%s priority=%d namespaces=%s liveness=%s metrics=%s:%s",
+        ident,
+        args.priority,
+        args.namespace or "cluster-wide",
+        liveness,
+        args.bind_host,
+        args.metrics_port,
+    )
+
+
+def peering_gate(kube: Kube, ident: str, args: argparse.Namespace) -> PeeringGate:
+    return PeeringGate(
+        kube,
+        identity=ident,
+        priority=args.priority,
+        peering_name=args.peering_name,
+        # namespaced mode: kopf keeps one KopfPeering per namespace; the first one stands for all
+        namespace=args.namespace[0] if args.namespace else None,
+        standalone=args.standalone,
+    )
+
+
 async def run(args: argparse.Namespace) -> None:
     ident = identity()
     # reconciles run in the loop's default executor (asyncio.to_thread), whose own size is min(32, CPUs + 4):
@@ -354,15 +378,7 @@ async def run(args: argparse.Namespace) -> None:
         events=events,
         measurements=runner,
     )
-    gate = PeeringGate(
-        kube,
-        identity=ident,
-        priority=args.priority,
-        peering_name=args.peering_name,
-        # namespaced mode: kopf keeps one KopfPeering per namespace; the first one stands for all
-        namespace=args.namespace[0] if args.namespace else None,
-        standalone=args.standalone,
-    )
+    gate = peering_gate(kube, ident, args)
     controller = Controller(reconciler.reconcile, workers=args.workers, gate=gate)
     resyncer = Resyncer(
         kube,
@@ -382,15 +398,7 @@ async def run(args: argparse.Namespace) -> None:
     settings = build_settings(args)
     metrics.serve(args.metrics_port, args.bind_host)
     liveness = f"http://{args.bind_host}:{args.health_port}/healthz" if args.health_port else None
-    log.info(
-        "starting: identity=%s priority=%d namespaces=%s liveness=%s metrics=%s:%s",
-        ident,
-        args.priority,
-        args.namespace or "cluster-wide",
-        liveness,
-        args.bind_host,
-        args.metrics_port,
-    )
+    log_start(ident, args, liveness)
     controller.start()
     runner.start()
     resyncer.start()
