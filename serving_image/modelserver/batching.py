@@ -33,6 +33,9 @@ baseline: step 3 scores every window of neighbours around the seed by its effici
 items at full batches over the padded batch's estimated time) and takes the best, preferring the seed's
 bucket. Both use the same cost model (see :class:`CostModel`).
 
+The errors live in :mod:`.batching_errors`, the cost model and buckets in :mod:`.batch_cost`, the worker and
+the split-and-retry in :mod:`.batch_worker`; the first two are re-exported here.
+
 ``scheduler="fifo"`` is plain dynamic batching (oldest first, up to ``max_batch_size``), kept for comparison.
 """
 
@@ -44,80 +47,29 @@ import contextlib
 import itertools
 import logging
 import math
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
+from .batch_cost import BucketPolicy, CostModel
+from .batching_errors import (
+    BatchingError,
+    DeadlineExpired,
+    DeadlineUnmeetable,
+    Draining,
+    InputTooLong,
+    ItemFailed,
+    OutOfMemory,
+    QueueFull,
+    is_oom,
+)
+
 log = logging.getLogger("modelserver.batching")
 
 Clock = Callable[[], float]
-
-
-# ----------------------------------------------------------------------------------------------------------
-# errors
-
-
-class BatchingError(Exception):
-    """A request the queue refuses or cannot finish. ``status`` is the HTTP status the server maps it to."""
-
-    status = 503
-    reason = "error"
-
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-class QueueFull(BatchingError):
-    status = 503
-    reason = "queue_full"
-
-
-class DeadlineUnmeetable(BatchingError):
-    status = 429
-    reason = "deadline"
-
-
-class DeadlineExpired(BatchingError):
-    status = 504
-    reason = "timeout"
-
-
-class Draining(BatchingError):
-    status = 503
-    reason = "draining"
-
-
-class InputTooLong(BatchingError):
-    status = 413
-    reason = "too_long"
-
-
-class ItemFailed(BatchingError):
-    """The model failed on this item even when it ran alone."""
-
-    status = 500
-    reason = "model_error"
-
-
-class OutOfMemory(ItemFailed):
-    status = 503
-    reason = "oom"
-
-
-def is_oom(exc: BaseException) -> bool:
-    if isinstance(exc, MemoryError):
-        return True
-    name = type(exc).__name__
-    if name in ("OutOfMemoryError", "OutOfMemory"):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -166,157 +118,6 @@ class Batch:
     def padding_ratio(self) -> float:
         real = self.real_tokens
         return self.padded_tokens / real if real else 1.0
-
-
-# ----------------------------------------------------------------------------------------------------------
-# cost model
-
-
-class CostModel:
-    """Online estimate of batch latency ``t(n, L)`` in seconds.
-
-    Features ``[1, n, n*L, n*L^2]``; coefficients are fitted by non-negative least squares on relative error
-    over the most recent observations, refitted every few observations.
-
-    ``stratified=False`` (default): one ring buffer of the last ``window`` observations. After a burst of
-    large batches it holds nothing else, so the fixed cost ``c0`` cannot be told apart from the per-item cost
-    ``c1``, and a fit with ``c0 ~ 0`` explains the data as well; the queue's plan guards against that (see
-    :meth:`BatchQueue.record`). ``stratified=True``: the most recent ``window // 16`` observations per cell of
-    (log2 batch size, log2 padded length), so observations at other sizes and lengths stay in the fit until
-    newer ones of the same cell replace them -- including stale ones: on the benchmark machine the warm-up's
-    (four servers warming up at once) kept ``c0`` at 34 ms against 11 ms measured by the ring, and the
-    least-time plan, trusting it, padded wide batches for 8% less throughput. Not used by the queue.
-    """
-
-    FEATURES = 4
-
-    def __init__(self, window: int = 512, refit_every: int = 8, stratified: bool = False) -> None:
-        self._obs: deque[tuple[int, int, float]] = deque(maxlen=window)
-        self._cells: dict[tuple[int, int], deque[tuple[int, int, float]]] | None = {} if stratified else None
-        self._cell_size = max(8, window // 16)
-        self._count = 0
-        self._refit_every = refit_every
-        self._since_fit = 0
-        # A weak prior, only used until the first fit: 0.5 ms + 2 us per padded token.
-        self.coef = np.array([5e-4, 0.0, 2e-6, 0.0])
-        self.fitted = False
-        self._lock = threading.Lock()
-
-    def predict(self, n: int, length: int) -> float:
-        c = self.coef
-        return float(c[0] + n * (c[1] + length * (c[2] + length * c[3])))
-
-    def observe(self, n: int, length: int, seconds: float) -> None:
-        if seconds <= 0 or n <= 0:
-            return
-        with self._lock:
-            ob = (n, max(1, length), seconds)
-            if self._cells is None:
-                self._obs.append(ob)
-            else:
-                cell = (n.bit_length(), ob[1].bit_length())
-                self._cells.setdefault(cell, deque(maxlen=self._cell_size)).append(ob)
-            self._count += 1
-            self._since_fit += 1
-            if self._since_fit >= (1 if self._count < 32 else self._refit_every):
-                self._fit()
-
-    def observations(self) -> list[tuple[int, int, float]]:
-        """The (n, padded length, seconds) observations the fit uses."""
-        if self._cells is None:
-            return list(self._obs)
-        return [ob for cell in self._cells.values() for ob in cell]
-
-    def _fit(self) -> None:
-        self._since_fit = 0
-        obs = np.array(self.observations(), dtype=np.float64)
-        if len(obs) < 2:
-            return
-        n, length, y = obs[:, 0], obs[:, 1], obs[:, 2]
-        x = np.stack([np.ones_like(n), n, n * length, n * length * length], axis=1)
-        w = 1.0 / y  # relative error
-        xw, yw = x * w[:, None], y * w
-        active = list(range(self.FEATURES))
-        coef = np.zeros(self.FEATURES)
-        while active:
-            sol, *_ = np.linalg.lstsq(xw[:, active], yw, rcond=None)
-            if (sol >= 0).all():
-                coef[:] = 0
-                coef[active] = sol
-                break
-            active.pop(int(np.argmin(sol)))
-        if coef.any():
-            self.coef = coef
-            self.fitted = True
-
-    def per_item(self, length: int, batch: int) -> float:
-        """Estimated seconds of worker time per item when batched ``batch``-wide at ``length``."""
-        batch = max(1, batch)
-        return self.predict(batch, length) / batch
-
-
-# ----------------------------------------------------------------------------------------------------------
-# buckets
-
-
-class BucketPolicy:
-    """Length buckets. ``bounds`` are inclusive upper bounds, the last one is ``max_length``.
-
-    Fixed bounds are used as given. Otherwise ("auto") they start as powers of two and are re-derived from
-    the observed lengths' P50/P80/P95 (rounded up to multiples of 8) every ``update_every`` observations.
-    """
-
-    QUANTILES = (0.50, 0.80, 0.95)
-
-    def __init__(
-        self,
-        max_length: int,
-        fixed: Sequence[int] | None = None,
-        window: int = 1024,
-        update_every: int = 256,
-        min_samples: int = 64,
-    ) -> None:
-        self.max_length = max(1, max_length)
-        self.auto = fixed is None
-        self._lengths: deque[int] = deque(maxlen=window)
-        self._update_every = update_every
-        self._min_samples = min_samples
-        self._since = 0
-        if fixed is not None:
-            bounds = sorted({min(int(b), self.max_length) for b in fixed if b > 0})
-        else:
-            bounds, b = [], 16
-            while b < self.max_length:
-                bounds.append(b)
-                b *= 2
-        if not bounds or bounds[-1] != self.max_length:
-            bounds.append(self.max_length)
-        self.bounds: list[int] = bounds
-
-    def index(self, length: int) -> int:
-        return min(bisect.bisect_left(self.bounds, length), len(self.bounds) - 1)
-
-    def range_of(self, length: int) -> tuple[int, int]:
-        """Inclusive (low, high) lengths of the bucket holding ``length``."""
-        i = self.index(length)
-        return (self.bounds[i - 1] + 1 if i else 0), self.bounds[i]
-
-    def observe(self, length: int) -> None:
-        if not self.auto:
-            return
-        self._lengths.append(length)
-        self._since += 1
-        if self._since >= self._update_every and len(self._lengths) >= self._min_samples:
-            self._since = 0
-            self.bounds = self.derive(list(self._lengths), self.max_length)
-
-    @classmethod
-    def derive(cls, lengths: Sequence[int], max_length: int) -> list[int]:
-        qs = np.quantile(np.asarray(lengths, dtype=np.float64), cls.QUANTILES)
-        bounds = sorted({min(max_length, max(8, math.ceil(q / 8.0) * 8)) for q in qs})
-        if bounds[-1] != max_length:
-            bounds.append(max_length)
-        return bounds
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -694,128 +495,22 @@ class BatchQueue:
             self.budget = new
 
 
-# ----------------------------------------------------------------------------------------------------------
-# running a batch with split-and-retry
-
-
-@dataclass
-class SplitStats:
-    splits: int = 0
-    ooms: int = 0
-
-
-def run_with_split(
-    fn: Callable[[list[Any]], Sequence[Any]],
-    payloads: list[Any],
-    stats: SplitStats | None = None,
-) -> list[Any]:
-    """Run ``fn`` on ``payloads``; on failure split in halves and retry each half.
-
-    Returns one entry per payload: the result, or an :class:`ItemFailed` / :class:`OutOfMemory` instance
-    for a payload that failed even alone.
-    """
-    stats = stats if stats is not None else SplitStats()
-    try:
-        out = fn(payloads)
-        if len(out) != len(payloads):
-            raise RuntimeError(f"model returned {len(out)} results for {len(payloads)} inputs")
-        return list(out)
-    except Exception as exc:
-        oom = is_oom(exc)
-        if oom:
-            stats.ooms += 1
-        if len(payloads) == 1:
-            if oom:
-                return [OutOfMemory("out of memory while running this input alone")]
-            return [ItemFailed(f"model error: {type(exc).__name__}: {exc}")]
-        stats.splits += 1
-        mid = len(payloads) // 2
-        return run_with_split(fn, payloads[:mid], stats) + run_with_split(fn, payloads[mid:], stats)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# worker
-
-
-class BatchSink(Protocol):
-    """What the worker reports about every batch (metrics, logs)."""
-
-    def on_batch(self, batch: Batch, seconds: float, stats: SplitStats) -> None: ...
-
-
-class BatchWorker:
-    """Pulls batches from a queue and runs them on one dedicated inference thread."""
-
-    def __init__(
-        self,
-        queue: BatchQueue,
-        predict: Callable[[list[Any]], Sequence[Any]],
-        sink: BatchSink | None = None,
-        thread_name: str = "inference",
-    ) -> None:
-        self.queue = queue
-        self.predict = predict
-        self.sink = sink
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
-        self._task: asyncio.Task[None] | None = None
-        self.batches = 0
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="batch-worker")
-
-    async def join(self) -> None:
-        """Wait until the queue is closed and every admitted item has finished."""
-        if self._task is not None:
-            await self._task
-        self.executor.shutdown(wait=True)
-
-    def _run_sync(self, batch: Batch) -> tuple[list[Any], float, SplitStats]:
-        stats = SplitStats()
-        t0 = time.perf_counter()
-        out = run_with_split(self.predict, [i.payload for i in batch.items], stats)
-        return out, time.perf_counter() - t0, stats
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        q = self.queue
-        while True:
-            batch = await q.next_batch()
-            if batch is None:
-                return
-            live = [i for i in batch.items if i.future is None or not i.future.done()]
-            if not live:
-                continue
-            if len(live) != len(batch.items):
-                batch = Batch(live, max(i.length for i in live), batch.formed_at)
-            q.in_flight_s = q.cost.predict(batch.size, batch.padded_length)
-            try:
-                results, seconds, stats = await loop.run_in_executor(self.executor, self._run_sync, batch)
-            except Exception as exc:  # the split runner does not raise; this is a bug guard
-                log.exception("batch runner failed")
-                results, seconds, stats = (
-                    [ItemFailed(f"internal error: {exc}")] * batch.size,
-                    0.0,
-                    SplitStats(),
-                )
-            finally:
-                q.in_flight_s = 0.0
-            self.batches += 1
-            if stats.ooms:
-                q.lower_budget_after_oom(batch)
-            elif stats.splits == 0:
-                q.record(batch, seconds)
-            for item, res in zip(batch.items, results, strict=True):
-                if isinstance(res, BaseException):
-                    log.warning("input failed: %s", res, extra={"request_id": item.request_id})
-                fut = item.future
-                if fut is None or fut.done():
-                    continue
-                if isinstance(res, BaseException):
-                    fut.set_exception(res)
-                else:
-                    fut.set_result(res)
-            if self.sink is not None:
-                try:
-                    self.sink.on_batch(batch, seconds, stats)
-                except Exception:
-                    log.exception("batch sink failed")
+__all__ = [
+    "Batch",
+    "BatchObserver",
+    "BatchQueue",
+    "BatchingConfig",
+    "BatchingError",
+    "BucketPolicy",
+    "Clock",
+    "CostModel",
+    "DeadlineExpired",
+    "DeadlineUnmeetable",
+    "Draining",
+    "InputTooLong",
+    "ItemFailed",
+    "OutOfMemory",
+    "QueueFull",
+    "WorkItem",
+    "is_oom",
+]

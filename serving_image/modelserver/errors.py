@@ -1,4 +1,4 @@
-"""Errors that map to HTTP statuses. The batching core's errors live in :mod:`modelserver.batching`."""
+"""Errors that map to HTTP statuses. The batching core's errors live in :mod:`modelserver.batching_errors`."""
 
 from __future__ import annotations
 

@@ -12,16 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .batching import (
-    Batch,
-    BatchingConfig,
-    BatchQueue,
-    BatchWorker,
-    Draining,
-    SplitStats,
-    WorkItem,
-    run_with_split,
-)
+from .batch_worker import BatchWorker, SplitStats, run_with_split
+from .batching import Batch, BatchingConfig, BatchQueue, Draining, WorkItem
 from .config import Settings
 from .errors import InvalidInput, NotReady, PayloadTooLarge
 from .metrics import Metrics

@@ -7,11 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 from conftest import fixed_cost
+from modelserver.batch_worker import BatchWorker, SplitStats, run_with_split
 from modelserver.batching import (
     Batch,
     BatchingConfig,
     BatchQueue,
-    BatchWorker,
     BucketPolicy,
     CostModel,
     DeadlineExpired,
@@ -20,8 +20,6 @@ from modelserver.batching import (
     ItemFailed,
     OutOfMemory,
     QueueFull,
-    SplitStats,
-    run_with_split,
 )
 
 
