@@ -1,9 +1,21 @@
 """modeldeploy: the Kubernetes operator of ModelDeploy.
 
-Modules: :mod:`.api` (the pydantic models = the CRD's schema), :mod:`.crdgen` (the CRD YAML),
-:mod:`.builders` (desired children, pure), :mod:`.plan` / :mod:`.status` / :mod:`.diff` (the reconcile
-plan, pure), :mod:`.reconciler` (I/O of one reconcile), :mod:`.controller` (work queue, peering gate),
-:mod:`.operator` (kopf wiring, ``python -m modeldeploy``), :mod:`.cli` (``kubectl-modeldeploy``).
+Modules, by layer (operator -> reconciler -> plan -> canary -> builders -> api):
+
+* the API: :mod:`.api` (the ModelDeployment and pod specs), :mod:`.api_base` (names, patterns, the models'
+  base and CEL helpers), :mod:`.api_rollout` (``spec.rollout`` and beside it), :mod:`.api_status`;
+  :mod:`.crdgen` (the CRD YAML from them);
+* pure decisions: :mod:`.builders` (desired children), :mod:`.model_storage` (the fetch init container and
+  volumes), :mod:`.plan` (one reconcile's plan), :mod:`.canary` (the rollout state machine) with
+  :mod:`.rollout_types`, :mod:`.rollout_context`, :mod:`.shadow_stage` and :mod:`.traffic_split`,
+  :mod:`.fallback` (the CPU fallback), :mod:`.routing` (Gateway API routes), :mod:`.autoscaling` (KEDA),
+  :mod:`.analysis` (queries and verdicts), :mod:`.promql_scope` (a custom query held to its namespace),
+  :mod:`.status` / :mod:`.diff` (status and what changed);
+* I/O: :mod:`.reconciler` (one reconcile), :mod:`.measurements` and :mod:`.promclient` (Prometheus,
+  off the reconcile path), :mod:`.kube` (the apiserver), :mod:`.childcache` and :mod:`.resync` (what the
+  watches and LISTs saw), :mod:`.events` (Events, posted in the background), :mod:`.metrics`;
+* wiring: :mod:`.controller` (work queue, peering gate), :mod:`.operator` (kopf, ``python -m
+  modeldeploy``), :mod:`.cli` (``kubectl-modeldeploy``).
 """
 
 __version__ = "0.1.0"

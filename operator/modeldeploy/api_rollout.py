@@ -356,7 +356,7 @@ class AutoscalingSpec(ApiModel):
         default=None,
         max_length=2048,
         pattern=r"^https?://.+$",
-        description="Prometheus as KEDA reaches it (unset: spec.rollout.analysis.prometheusUrl, else the "
+        description="Prometheus as KEDA reaches it (unset: spec.rollout.analysis.prometheusURL, else the "
         "operator's).",
     )
 

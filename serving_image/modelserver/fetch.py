@@ -14,8 +14,10 @@ The init container of an ``s3://`` ModelDeployment::
   is replaced); a failed fetch leaves ``DEST`` as it was and no staging directory.
 * ``--sha256``: for one object, the sha256 of its bytes; for a prefix, the directory digest of the
   downloaded tree (``python -m modelserver digest DIR`` on the uploaded directory prints it; see
-  docs/server.md). Independently, each object is checked against the store's ETag where that is a
-  checksum (MD5 of a single-part object, MD5 of part MD5s of a multipart one).
+  docs/server.md). Independently, each object is checked against the store: first its flexible checksum
+  where the store has one we compute (CRC32, CRC32C, SHA-256, SHA-1; combined from the ranges, or per
+  upload part), else its ETag where that is a checksum (MD5 of a single-part object, MD5 of part MD5s of a
+  multipart one); see :mod:`.s3_plan`.
 * ``--max-bytes``: refuse (``TooLarge``) before downloading when the listed total is larger; a model larger
   than the free space where it goes is refused the same way.
 * ``--timeout``: the wall-clock bound of the whole fetch (listing, waiting for another pod's download of the
