@@ -31,6 +31,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from .config import Settings
+from .dir_digest import dir_digest_of
 from .errors import ModelLoadError
 from .models.base import ServedModel
 
@@ -49,12 +50,10 @@ def file_sha256(path: Path) -> str:
 
 
 def dir_digest(path: Path) -> str:
-    files = sorted((p for p in path.rglob("*") if p.is_file()), key=lambda p: p.relative_to(path).as_posix())
-    h = hashlib.sha256()
-    for p in files:
-        rel = p.relative_to(path).as_posix()
-        h.update(rel.encode("utf-8") + b"\0" + file_sha256(p).encode("ascii") + b"\n")
-    return h.hexdigest()
+    """The directory digest of the files below ``path`` (:mod:`.dir_digest`)."""
+    return dir_digest_of(
+        {p.relative_to(path).as_posix(): file_sha256(p) for p in path.rglob("*") if p.is_file()}
+    )
 
 
 def digest(path: Path) -> str:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .dir_digest import dir_digest_of
 from .fetch_errors import (
     ChecksumMismatch,
 )
@@ -158,9 +158,13 @@ def verify_file(client: Any, bucket: str, obj: RemoteObject, path: Path, want_sh
     return FileDigest(sha, "")
 
 
-def dir_digest_of(file_sha256: Mapping[str, str]) -> str:
-    """The directory digest of ``modelserver.loader.dir_digest`` from each relative path's sha256."""
-    h = hashlib.sha256()
-    for rel in sorted(file_sha256):
-        h.update(rel.encode("utf-8") + b"\0" + file_sha256[rel].encode("ascii") + b"\n")
-    return h.hexdigest()
+__all__ = [
+    "FileDigest",
+    "dir_digest_of",
+    "hash_file",
+    "is_md5",
+    "kms_encrypted",
+    "multipart_count",
+    "part_sizes",
+    "verify_file",
+]

@@ -1,0 +1,45 @@
+"""Contracts between the operator and the serving image, each written once per side: these tests hold
+the two sides to each other (issue 28)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from modeldeploy.api_rollout import CompareSpec
+from modeldeploy.model_storage import FETCH_REASONS
+from modeldeploy.rollout_types import Mirror
+from modelserver.dir_digest import dir_digest_of
+from modelserver.fetch_errors import REASONS
+from modelserver.loader import dir_digest
+from modelserver.shadow import MirrorConfig
+
+
+def test_the_shadow_target_the_operator_writes_is_the_one_the_server_reads() -> None:
+    compare = CompareSpec(method="cosine", min_cosine=0.97, rtol=0.01, atol=0.002)
+    mirror = Mirror(source="r1", target="r2", sample_rate=0.25, timeout_ms=1500.0, compare=compare)
+    got = MirrorConfig.parse(mirror.to_annotation("http://10.96.0.12:8080"))
+    assert got is not None
+    assert (got.url, got.revision, got.sample_rate, got.timeout_s) == (
+        "http://10.96.0.12:8080",
+        "r2",
+        0.25,
+        1.5,
+    )
+    c = got.compare
+    assert (c.method, c.min_cosine, c.rtol, c.atol) == ("cosine", 0.97, 0.01, 0.002)
+
+
+def test_the_fetch_failure_reasons_the_operator_knows_are_the_ones_the_fetch_writes() -> None:
+    assert set(FETCH_REASONS) == set(REASONS)
+
+
+def test_one_directory_digest_for_the_server_and_the_fetch(tmp_path: Path) -> None:
+    files = {"config.json": b"{}", "sub/model.safetensors": b"\0" * 100, "a b.txt": "é".encode()}
+    for rel, data in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    from_files = dir_digest_of({rel: hashlib.sha256(d).hexdigest() for rel, d in files.items()})
+    assert dir_digest(tmp_path) == from_files
+    lines = sorted(f"{rel}\0{hashlib.sha256(d).hexdigest()}\n" for rel, d in files.items())
+    assert from_files == hashlib.sha256("".join(lines).encode()).hexdigest()  # the documented format
