@@ -59,12 +59,14 @@ class PeeringGate:
 
     @staticmethod
     def decide(peers: dict[str, Any], identity: str, priority: int, now: dt.datetime) -> bool:
-        """Pure: active given the peering object's status."""
+        """Pure: active given the peering object's status. A copy of kopf's rule (kopf decides inside its
+        own watch); tests/unit/operator/test_op_peering_rule.py pins it to kopf's process_peering_event."""
         for ident, info in peers.items():
             if ident == identity or not isinstance(info, dict):
                 continue
             try:
-                seen = dt.datetime.fromisoformat(str(info.get("lastseen")))
+                # as kopf's Peer: a peer that never said when it was seen counts as seen now
+                seen = dt.datetime.fromisoformat(str(info["lastseen"])) if "lastseen" in info else now
                 if seen.tzinfo is None:
                     seen = seen.replace(tzinfo=dt.UTC)
                 alive = seen + dt.timedelta(seconds=int(info.get("lifetime", 60))) > now
