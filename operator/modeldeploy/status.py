@@ -41,7 +41,6 @@ class PodFacts:
     revision: str | None
     terminating: bool
     phase: str
-    scheduled: bool
     unschedulable: bool
     scheduling_message: str | None
     containers_ready: bool
@@ -66,7 +65,6 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
         revision=(meta.get("labels") or {}).get(LABEL_REVISION),
         terminating=bool(meta.get("deletionTimestamp")),
         phase=status.get("phase", "Pending"),
-        scheduled=sched.get("status") == "True" or bool((pod.get("spec") or {}).get("nodeName")),
         unschedulable=unschedulable,
         scheduling_message=(sched.get("message") or sched.get("reason")) if unschedulable else None,
         containers_ready=conds.get("ContainersReady", {}).get("status") == "True",

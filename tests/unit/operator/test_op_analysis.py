@@ -226,9 +226,7 @@ def test_replica_split_is_the_best_pair_of_all():
 
 
 def _pod(name, rev, gate, ready=True, terminating=False):
-    return PodFacts(
-        name, rev, terminating, "Running", True, False, None, ready, ready and gate == "True", gate
-    )
+    return PodFacts(name, rev, terminating, "Running", False, None, ready, ready and gate == "True", gate)
 
 
 def test_pod_gates_keep_pods_in_traffic_and_take_out_extras():

@@ -126,7 +126,7 @@ def pod(
 
 def test_pod_facts_read_scheduler_reason_and_gates():
     f = pod_facts(pod("p", unschedulable_msg="0/2 nodes are available: 2 Insufficient nvidia.com/gpu."))
-    assert f.unschedulable and not f.scheduled
+    assert f.unschedulable
     assert f.scheduling_message == "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
     g = pod_facts(pod("q", gate="False"))
     assert g.containers_ready and not g.ready and g.gate == "False"
