@@ -25,7 +25,7 @@ from .s3_errors import map_error
 from .s3_listing import Listing, RemoteObject
 from .s3_plan import Plan, TransferOptions, head_checksum, plan_objects
 from .s3_stream import StreamHashes
-from .s3_verify import FileDigest, hash_file, kms_encrypted, verify_file
+from .s3_verify import FileDigest, hash_file, md5_mismatch, verify_file
 from .store_checksums import (
     StoreChecksum,
     combined,
@@ -87,15 +87,7 @@ def _verify(
         if got == obj.etag.lower():
             return FileDigest(sha, "etag-md5" if plan.check == "md5" else "etag-multipart")
         if got is not None and plan.check == "md5":
-            if kms_encrypted(client, bucket, obj):
-                log.warning(
-                    "ETag is not an MD5 (SSE-KMS or SSE-C): store checksum not checked",
-                    extra={"object": where},
-                )
-                return FileDigest(sha, "")
-            raise ChecksumMismatch(
-                f"{where}: MD5 {got} of the bytes does not match the store's ETag {obj.etag}"
-            )
+            return md5_mismatch(client, bucket, obj, where, sha, got)
         # the streams did not cover the parts one to one (a retried range, parts of unequal sizes): re-read
     if plan.check == "off":
         return FileDigest(sha, "")

@@ -114,6 +114,19 @@ def kms_encrypted(client: Any, bucket: str, obj: RemoteObject) -> bool:
     return str(h.get("ServerSideEncryption", "")).startswith("aws:kms") or bool(h.get("SSECustomerAlgorithm"))
 
 
+def md5_mismatch(
+    client: Any, bucket: str, obj: RemoteObject, where: str, sha: str | None, md5: str
+) -> FileDigest:
+    """An MD5 that is not the ETag: unchecked when the object is SSE-KMS/SSE-C encrypted (its ETag is no
+    MD5 then), else a :class:`ChecksumMismatch`."""
+    if kms_encrypted(client, bucket, obj):
+        log.warning(
+            "ETag is not an MD5 (SSE-KMS or SSE-C): store checksum not checked", extra={"object": where}
+        )
+        return FileDigest(sha, "")
+    raise ChecksumMismatch(f"{where}: MD5 {md5} of the bytes does not match the store's ETag {obj.etag}")
+
+
 def verify_file(client: Any, bucket: str, obj: RemoteObject, path: Path, want_sha256: bool) -> FileDigest:
     """The file's sha256 (when wanted), after checking it against the store's ETag where that is a checksum:
     the MD5 of a single-part object, or the MD5 of the parts' MD5s of a multipart one (part sizes from the
@@ -126,15 +139,7 @@ def verify_file(client: Any, bucket: str, obj: RemoteObject, path: Path, want_sh
     if is_md5(obj.etag):
         sha, md5, _ = hash_file(path, None, want_sha256, True)
         if md5 != obj.etag.lower():
-            if kms_encrypted(client, bucket, obj):
-                log.warning(
-                    "ETag is not an MD5 (SSE-KMS or SSE-C): store checksum not checked",
-                    extra={"object": where},
-                )
-                return FileDigest(sha, "")
-            raise ChecksumMismatch(
-                f"{where}: MD5 {md5} of the bytes does not match the store's ETag {obj.etag}"
-            )
+            return md5_mismatch(client, bucket, obj, where, sha, md5)
         return FileDigest(sha, "etag-md5")
     if count:
         for uniform in (True, False):
