@@ -27,6 +27,7 @@ import json
 import math
 import os
 import random
+import subprocess
 import threading
 import time
 import traceback
@@ -157,6 +158,7 @@ class LoadGenerator:
         self._sent = 0
         self.started = 0.0
         self.errors: list[str] = []  # tracebacks of dead workers
+        self.diagnostics: list[str] = []  # the data plane at the first ENETUNREACH (_unreachable_snapshot)
 
     # -- where to
     def resolve(self) -> None:
@@ -197,10 +199,40 @@ class LoadGenerator:
             resp = client.post(f"{self.url}/v2/models/{self.model}/infer", json=body)
         except httpx.HTTPError as exc:
             now = time.monotonic()
+            if "Network is unreachable" in str(exc):
+                self._unreachable_snapshot(now)
             return Record(now, None, 0, error=f"{type(exc).__name__}: {exc}"[:200], latency=now - t0)
         version = resp.json().get("model_version") if resp.status_code == 200 else None
         now = time.monotonic()
         return Record(now, resp.headers.get(REVISION_HEADER), resp.status_code, version, latency=now - t0)
+
+    def _unreachable_snapshot(self, when: float) -> None:
+        """The first time a request finds no route (ENETUNREACH: a ClusterIP rewritten to an address the
+        pod network no longer has), what the data plane looked like: the pod network's addresses and the
+        Service's endpoints. Kept in :attr:`diagnostics` for the failure message of a test."""
+        with self._lock:
+            if self.diagnostics:
+                return
+            self.diagnostics.append(f"first ENETUNREACH at t={when:.2f}")
+        from localcluster.podnet import PodNetwork
+        from localcluster.state import ClusterRecord
+
+        lines = []
+        rec = ClusterRecord.load(self.kube.cluster.state_dir)
+        if rec is not None and rec.pod_network_index:
+            net = PodNetwork(rec.pod_network_index)
+            res = subprocess.run(["ip", "-n", net.netns, "-br", "addr"], capture_output=True, text=True)
+            lines.append("pod network: " + " | ".join(res.stdout.split("\n")))
+        slices = self.kube.get(
+            f"/apis/discovery.k8s.io/v1/namespaces/{self.ns}/endpointslices?labelSelector="
+            f"kubernetes.io/service-name={self.name}"
+        )
+        for sl in (slices or {}).get("items", []):
+            for ep in sl.get("endpoints") or []:
+                pod = (ep.get("targetRef") or {}).get("name")
+                lines.append(f"endpoint {ep.get('addresses')} {ep.get('conditions')} {pod}")
+        with self._lock:
+            self.diagnostics.extend(lines)
 
     def _worker(self, seed: int) -> None:
         rnd = random.Random(seed)

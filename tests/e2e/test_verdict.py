@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from localcluster.testing import Kube, wait_for
 
-from .canary_support import LoadGenerator, events, md_status, noop_md, write_chaos_report
+from .canary_support import LoadGenerator, events, md_status, noop_md, wait_for_event, write_chaos_report
 from .fake_prometheus import DrippingPrometheus, GarbagePrometheus
 
 NAME = "echo"
@@ -123,7 +123,12 @@ def test_a_revision_that_answers_404_to_every_client_is_rolled_back(
     rollout = load.snapshot(start)
     failed = [r for r in rollout if r.kind != "ok"]
     kinds = {(r.kind, r.code, r.revision, r.error) for r in failed}
-    assert failed and all(r.kind == "http_4xx" and r.code == 404 and r.revision == v2 for r in failed), kinds
+    when = sorted({(round(r.t - decided, 2), r.kind) for r in failed if r.kind != "http_4xx"})
+    assert failed and all(r.kind == "http_4xx" and r.code == 404 and r.revision == v2 for r in failed), (
+        kinds,
+        when[:20],  # seconds after the decision
+        load.diagnostics,
+    )
     after = load.snapshot(decided + DATA_PLANE_LAG_S)
     late = [
         (round(r.t - decided, 2), r.kind, r.code, r.revision, r.error)
@@ -167,8 +172,9 @@ def test_an_unreachable_prometheus_never_promotes_even_with_on_no_data_pass_and_
         assert prog["reason"] == "AnalysisPaused" and "refused" in prog["message"]
         assert st["analysis"]["consecutiveErrors"] == 2
         assert {m["verdict"] for m in st["analysis"]["measurements"] if m["revision"] == v2} == {"Error"}
-        paused = [e for e in events(kube, ns, NAME) if e["reason"] == "AnalysisPaused"]
-        assert paused and any("query" in e["message"] for e in paused)
+        # the Event is posted from the operator's background thread, a moment after the status
+        paused = wait_for_event(kube, ns, NAME, "AnalysisPaused")
+        assert "query" in paused["message"], paused
         # paused stays paused: nothing is judged, nothing promoted
         time.sleep(15)
         st = md_status(kube, ns, NAME)
