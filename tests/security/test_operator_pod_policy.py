@@ -19,11 +19,10 @@ import yaml
 from localcluster.kubeapi import KubeAPI
 from localcluster.testing import Kube
 from modeldeploy.kube import KubeError
+from unit.chart.chart_render import CHART, helm
 
 from .tenants import grant, token_client
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "modeldeploy"
 VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 BINDING = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 # the pod rights of the chart's namespacedRules (pods: list, watch, patch; pods/status: patch), plus get
@@ -33,16 +32,6 @@ POD_RULES = [
 ]
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
-
-
-def helm(*args: str) -> str:
-    import subprocess
-
-    from localcluster.cluster import binaries_dir
-
-    return subprocess.run(
-        [str(binaries_dir() / "helm"), *args], check=True, capture_output=True, text=True
-    ).stdout
 
 
 def pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -109,7 +98,7 @@ def policy(kube: Kube, operator_token: StolenToken) -> Iterator[list[dict[str, A
     out = helm(
         "template", "md", str(CHART), "--namespace", t.release_ns,
         "--show-only", "templates/operator-pod-policy.yaml", "--set", f"watchNamespaces[0]={t.ns}",
-    )  # fmt: skip
+    ).stdout  # fmt: skip
     docs = [d for d in yaml.safe_load_all(out) if d]
     assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     yield docs
