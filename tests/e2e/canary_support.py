@@ -218,19 +218,22 @@ class LoadGenerator:
         from localcluster.state import ClusterRecord
 
         lines = []
-        rec = ClusterRecord.load(self.kube.cluster.state_dir)
-        if rec is not None and rec.pod_network_index:
-            net = PodNetwork(rec.pod_network_index)
-            res = subprocess.run(["ip", "-n", net.netns, "-br", "addr"], capture_output=True, text=True)
-            lines.append("pod network: " + " | ".join(res.stdout.split("\n")))
-        slices = self.kube.get(
-            f"/apis/discovery.k8s.io/v1/namespaces/{self.ns}/endpointslices?labelSelector="
-            f"kubernetes.io/service-name={self.name}"
-        )
-        for sl in (slices or {}).get("items", []):
-            for ep in sl.get("endpoints") or []:
-                pod = (ep.get("targetRef") or {}).get("name")
-                lines.append(f"endpoint {ep.get('addresses')} {ep.get('conditions')} {pod}")
+        try:
+            rec = ClusterRecord.load(self.kube.cluster.state_dir)
+            if rec is not None and rec.pod_network_index:
+                net = PodNetwork(rec.pod_network_index)
+                res = subprocess.run(["ip", "-n", net.netns, "-br", "addr"], capture_output=True, text=True)
+                lines.append("pod network: " + " | ".join(res.stdout.split("\n")))
+            slices = self.kube.get(
+                f"/apis/discovery.k8s.io/v1/namespaces/{self.ns}/endpointslices?labelSelector="
+                f"kubernetes.io/service-name={self.name}"
+            )
+            for sl in (slices or {}).get("items", []):
+                for ep in sl.get("endpoints") or []:
+                    pod = (ep.get("targetRef") or {}).get("name")
+                    lines.append(f"endpoint {ep.get('addresses')} {ep.get('conditions')} {pod}")
+        except Exception as exc:  # a diagnostic must not kill the load worker
+            lines.append(f"snapshot failed: {type(exc).__name__}: {exc}")
         with self._lock:
             self.diagnostics.extend(lines)
 
