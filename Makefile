@@ -14,7 +14,7 @@ PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
-	@echo "make test        install what is missing, lint, then run unit, integration and e2e tests"
+	@echo "make test        install what is missing; lint and unit tests beside the binaries build; then integration, e2e, chaos, security"
 	@echo "make lint        ruff check + format check, mypy, shellcheck, hadolint, helm lint"
 	@echo "make cluster-up / cluster-down   the local Kubernetes cluster alone"
 	@echo "make bench-serving / bench-operator / bench-canary   benchmarks (results under bench/results/)"
