@@ -323,10 +323,15 @@ def test_the_service_monitor_keeps_the_operators_own_namespace_label() -> None:
     assert endpoints and all(ep.get("honorLabels") is True for ep in endpoints), endpoints
 
 
+def named(docs: list[dict[str, Any]], kind: str, suffix: str) -> dict[str, Any]:
+    """The one object of ``kind`` whose name ends with ``suffix`` (the chart has two admission policies)."""
+    (found,) = [d for d in by_kind(docs, kind) if d["metadata"]["name"].endswith(suffix)]
+    return found
+
+
 def authors(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     """The ModelDeployment authors' policy (or its binding): templates/admission-policy.yaml."""
-    (found,) = [d for d in by_kind(docs, kind) if d["metadata"]["name"].endswith("-authors")]
-    return found
+    return named(docs, kind, "-authors")
 
 
 def test_the_admission_policy_is_on_by_default_and_bound_to_the_watched_namespaces_only() -> None:
@@ -362,10 +367,7 @@ def test_the_admission_policy_is_on_by_default_and_bound_to_the_watched_namespac
 
 
 def pods_policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    (policy,) = [
-        d for d in by_kind(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"].endswith("-pods")
-    ]
-    return policy
+    return named(docs, "ValidatingAdmissionPolicy", "-pods")
 
 
 def test_the_operator_pods_policy_binds_the_operators_own_service_account_where_it_watches() -> None:
