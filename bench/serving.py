@@ -224,9 +224,11 @@ NOOP_SERVER = (
 
 
 class Proc:
-    def __init__(self, args: list[str], name: str, log_dir: Path, cpus: str | None = None) -> None:
+    def __init__(
+        self, args: list[str], name: str, log_dir: Path, cpus: str | None = None, port: int | None = None
+    ) -> None:
         """``cpus``: pin the process to these CPUs (``taskset -c`` list, e.g. ``"0"``)."""
-        self.port = free_port()
+        self.port = port or free_port()
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")

@@ -51,6 +51,7 @@ from bench.serving import (
     MODEL_NAME,
     RESULTS,
     Proc,
+    free_port,
     log,
     make_workloads,
     median,
@@ -403,7 +404,15 @@ def setup_copy(
 ) -> dict[str, Any]:
     shadow_file = log_dir / "shadow-copy.json"
     shadow_file.write_text("")
-    stable = Proc(modelserver_args(1, "--shadow-file", str(shadow_file)), "copy-stable", log_dir, cpus="0")
+    sink_port = free_port()  # the stable may copy only to its --shadow-service: the sink's, fixed now
+    stable = Proc(
+        modelserver_args(
+            1, "--shadow-file", str(shadow_file), "--shadow-service", f"http://{HOST}:{sink_port}"
+        ),
+        "copy-stable",
+        log_dir,
+        cpus="0",
+    )
     sink: Proc | None = None
     all_cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {1})  # the load generator (this thread) with the sink, away from the stable
@@ -427,6 +436,7 @@ def setup_copy(
             "sink",
             log_dir,
             cpus="1",
+            port=sink_port,
         )
         sink.wait_ready()
         os.sched_setaffinity(0, {0})  # the stable is idle now: the copy path alone, on the stable's core
@@ -467,10 +477,17 @@ def setup_shared(
 ) -> dict[str, Any]:
     shadow_file = log_dir / "shadow-shared.json"
     shadow_file.write_text("")
-    stable = Proc(modelserver_args(threads, "--shadow-file", str(shadow_file)), "shared-stable", log_dir)
+    shadow_port = free_port()
+    stable = Proc(
+        modelserver_args(
+            threads, "--shadow-file", str(shadow_file), "--shadow-service", f"http://{HOST}:{shadow_port}"
+        ),
+        "shared-stable",
+        log_dir,
+    )
     # one torch thread: 2 + 2 OpenMP threads on 2 cores spin against each other (stable throughput fell to
     # 0.2x at sampleRate 0.2 in a trial), which measures oversubscription rather than the shadow's work
-    shadow = Proc(modelserver_args(1), "shared-shadow", log_dir)
+    shadow = Proc(modelserver_args(1), "shared-shadow", log_dir, port=shadow_port)
     try:
         stable.wait_ready()
         shadow.wait_ready()

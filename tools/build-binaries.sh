@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned local-cluster binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
-# kube-proxy, kubectl, etcd, kwok, helm, prometheus, traefik, versitygw) from the Go modules under tools/ and caches them
+# kube-proxy, kubectl, etcd, kwok, helm, prometheus, traefik, versitygw, coredns) from the Go modules under tools/ and caches them
 # outside the repository. Each binary is keyed by its version and a hash of its module's go.mod/go.sum and build
 # flags, so fresh clones reuse them and a change rebuilds only what it touches.
 # Prints the directory holding all of them (symlinks into the store) on stdout.
@@ -19,6 +19,7 @@ GATEWAY_API_VERSION=v1.6.3
 TRAEFIK_VERSION=v3.6.12       # must match tools/traefik/go.mod
 KEDA_VERSION=v2.21.0          # must match tools/keda/go.mod
 VERSITYGW_VERSION=v1.8.0      # must match tools/versitygw/go.mod
+COREDNS_VERSION=v1.15.0       # must match tools/coredns/go.mod
 cache="${MODELDEPLOY_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modeldeploy}"
 store="$cache/store"
 mkdir -p "$store"
@@ -154,6 +155,8 @@ lane2() {
     remove_all_sd,enable_kubernetes_sd
   build_keda
   build_traefik
+  # CoreDNS with the plugins of tools/coredns/main.go only (the local cluster's cluster DNS).
+  build coredns coredns "$COREDNS_VERSION" .
 }
 
 # One build at a time per binary cache: a second caller (a test asking for the binaries while

@@ -20,7 +20,10 @@ out of the Service's endpoints without a restart.
 
 Shadow copies: the operator sets the pod annotation ``modeldeploy.io/shadow`` on the pods that should copy
 a sample of their requests to another revision; the server reads it from a downward-API volume
-(``/etc/modeldeploy/podinfo/shadow``), which the kubelet refreshes without a restart. The target's
+(``/etc/modeldeploy/podinfo/shadow``), which the kubelet refreshes without a restart. The annotation
+picks the target *revision* only: the server builds the URL itself from ``MODELSERVER_SHADOW_SERVICE``,
+which the pod template fixes to the ModelDeployment's own revision Services in its own namespace
+(:func:`shadow_service`), so a patched annotation cannot send users' requests anywhere else. The target's
 revision Service publishes its not-ready (warm, out-of-traffic) pods while they are a copy target.
 """
 
@@ -30,6 +33,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 from typing import Any
 
 from kubernetes.utils import parse_quantity
@@ -115,6 +119,22 @@ def revision_service_name(md_name: str, revision: str) -> str:
     return f"{md_name}-{revision}"
 
 
+DEFAULT_CLUSTER_DOMAIN = "cluster.local"
+
+
+def cluster_domain() -> str:
+    """The cluster's DNS domain: ``$MODELDEPLOY_CLUSTER_DOMAIN`` (the chart's ``operator.clusterDomain``)
+    or ``cluster.local``."""
+    return os.environ.get("MODELDEPLOY_CLUSTER_DOMAIN") or DEFAULT_CLUSTER_DOMAIN
+
+
+def shadow_service(md: ModelDeployment, revision: str = "{revision}") -> str:
+    """The URL of ``revision``'s Service (by name, in the ModelDeployment's namespace). With the default
+    ``{revision}`` it is the server's ``MODELSERVER_SHADOW_SERVICE``, the only place it copies to."""
+    host = f"{revision_service_name(md.name, revision)}.{md.namespace}.svc.{cluster_domain()}"
+    return f"http://{host}:{SERVER_PORT}"
+
+
 def selector_labels(md_name: str) -> dict[str, str]:
     return {LABEL_NAME: md_name}
 
@@ -178,9 +198,11 @@ def torch_threads(cpu: int | str) -> int:
     return max(1, math.floor(parse_quantity(cpu)))
 
 
-def server_env(md_name: str, spec: ModelDeploymentSpec, revision: str = "") -> list[dict[str, str]]:
-    """Environment of the server container: model and batching settings (``MODELSERVER_*``), and the
-    ModelDeployment's name and the pod's revision (``MODELDEPLOY_*``)."""
+def server_env(
+    md_name: str, spec: ModelDeploymentSpec, revision: str = "", shadow_to: str = ""
+) -> list[dict[str, str]]:
+    """Environment of the server container: model and batching settings (``MODELSERVER_*``; ``shadow_to``
+    is :func:`shadow_service`), and the ModelDeployment's name and the pod's revision (``MODELDEPLOY_*``)."""
     m, b = spec.model, spec.batching
     source = model_storage.model_source(spec, "")  # the server's side: the same in every namespace
     env = {
@@ -202,6 +224,8 @@ def server_env(md_name: str, spec: ModelDeploymentSpec, revision: str = "") -> l
         "MODELSERVER_NUM_THREADS": str(torch_threads(spec.resources.cpu)),
         "MODELSERVER_SHADOW_FILE": SHADOW_FILE,
     }
+    if shadow_to:
+        env["MODELSERVER_SHADOW_SERVICE"] = shadow_to
     if m.sha256 and source.server_checks_sha256:
         env["MODELSERVER_MODEL_SHA256"] = m.sha256
     if m.handler:
@@ -258,7 +282,7 @@ def pod_template(md: ModelDeployment, spec: ModelDeploymentSpec, revision: str) 
         "imagePullPolicy": "IfNotPresent",
         "command": list(SERVER_COMMAND),
         "ports": [{"name": PORT_NAME, "containerPort": SERVER_PORT, "protocol": "TCP"}],
-        "env": server_env(md.name, spec, revision),
+        "env": server_env(md.name, spec, revision, shadow_service(md)),
         "resources": resources(spec),
         # loading a model can take minutes: the startup probe allows 10 min before liveness counts
         "startupProbe": _probe(LIVE_PATH, period=2, failure_threshold=300),

@@ -169,14 +169,14 @@ def header_canary(decision: rt.Decision, counts: Mapping[str, RevisionCounts]) -
 
 
 def mirror_url(md: ModelDeployment, services: Sequence[Mapping[str, Any]], target: str) -> str | None:
-    """Where copies to ``target`` go: its revision Service's ClusterIP (None until it has one)."""
+    """Where copies to ``target`` go: its revision Service by DNS name (the URL the servers build
+    themselves, :func:`builders.shadow_service`), once that Service has a ClusterIP (None until then)."""
     name = builders.revision_service_name(md.name, target)
     for svc in services:
         if svc.get("metadata", {}).get("name") == name:
             ip = (svc.get("spec") or {}).get("clusterIP")
             if ip and ip != "None":
-                host = f"[{ip}]" if ":" in ip else ip
-                return f"http://{host}:{builders.SERVER_PORT}"
+                return builders.shadow_service(md, target)
     return None
 
 

@@ -144,7 +144,9 @@ class Mirror:
     compare: CompareSpec
 
     def to_annotation(self, url: str) -> str:
-        """The pod annotation ``modeldeploy.io/shadow`` the source's servers read (modelserver.shadow)."""
+        """The pod annotation ``modeldeploy.io/shadow`` the source's servers read (modelserver.shadow).
+        Current servers take the revision from it and build the URL themselves (refusing the file if
+        ``url`` differs); ``url`` is there for servers of older images, which copy to it."""
         c = self.compare
         doc = {
             "url": url,

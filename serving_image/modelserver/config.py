@@ -155,6 +155,12 @@ class Settings(BaseSettings):
         description="file naming the shadow revision to copy a sample of answered requests to (JSON; in a"
         " pod, the downward-API volume of the annotation modeldeploy.io/shadow); empty = never copy",
     )
+    shadow_service: str = Field(
+        "",
+        description="where shadow copies may go: an http(s) URL with {revision} where the shadow file's"
+        " revision goes (the operator sets http://<ModelDeployment>-{revision}.<namespace>.svc.<cluster"
+        " domain>:8080); the shadow file only picks the revision; empty = never copy",
+    )
     cache_size: int = Field(0, ge=0, description="LRU result cache entries (0 = off)")
     drain_timeout_s: float = Field(0.0, ge=0, description="SIGTERM drain limit (0 = max timeout + 5 s)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
@@ -189,6 +195,8 @@ class Settings(BaseSettings):
             raise ValueError("default_timeout_ms must not exceed max_timeout_ms")
         if not 1 <= self.default_priority <= self.priority_levels:
             raise ValueError("default_priority must be within 1..priority_levels")
+        if self.shadow_service and not self.shadow_service.startswith(("http://", "https://")):
+            raise ValueError(f"shadow_service must be an http(s) URL, got {self.shadow_service!r}")
         return self
 
 

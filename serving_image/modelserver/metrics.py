@@ -138,6 +138,16 @@ class Metrics:
             [*shadow, "sample_rate"],
             registry=r,
         )
+        self.shadow_refused = Counter(
+            "modelserver_shadow_refused",
+            "Shadow files refused (nothing copied), by reason: invalid, revision (not a DNS label), url (not"
+            " the URL this server builds), no_service (no MODELSERVER_SHADOW_SERVICE)",
+            [*shadow[:-1], "reason"],
+            registry=r,
+        )
+
+    def refuse_shadow(self, reason: str) -> None:
+        self.shadow_refused.labels(*self._lv, reason).inc()
 
     def reject_child(self, reason: str) -> Counter:
         c = self._reasons.get(reason)

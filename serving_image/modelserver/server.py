@@ -59,7 +59,7 @@ async def serve(settings: Settings) -> int:
     service = ModelService(settings, model)
     mirror = None
     if settings.shadow_file:
-        mirror = ShadowMirror(settings.model_name, service.metrics)
+        mirror = ShadowMirror(settings.model_name, service.metrics, service=settings.shadow_service)
     app = ModelServerApp(service, mirror)
     server = uvicorn_server(app, settings)
     exit_code = 0

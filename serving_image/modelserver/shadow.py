@@ -11,16 +11,27 @@ outputs (:mod:`modelserver.compare`) and counts the result in
 * ``timeout``: no answer within the copy's timeout;
 * ``dropped``: the bounded copy queue was full: the copy was never sent.
 
-The shadow's answer is never returned to anybody. The target comes from a file -- in a pod, a
-downward-API volume of the pod annotation ``modeldeploy.io/shadow`` that the operator sets -- re-read
-every second (:meth:`ShadowMirror.watch`), so the stable pods learn of a shadow, or of its end, without a
-restart. ``modelserver_shadow_active{shadow_revision}`` is 1 while copying: the operator starts the shadow
-clock only once every stable server reports it.
+The shadow's answer is never returned to anybody. Which revision to copy to comes from a file -- in a
+pod, a downward-API volume of the pod annotation ``modeldeploy.io/shadow`` that the operator sets --
+re-read every second (:meth:`ShadowMirror.watch`), so the stable pods learn of a shadow, or of its end,
+without a restart. ``modelserver_shadow_active{shadow_revision}`` is 1 while copying: the operator starts
+the shadow clock only once every stable server reports it.
 
 The file holds JSON (empty: no shadow)::
 
-    {"url": "http://10.96.0.12:8080", "revision": "5d4c...", "sampleRate": 0.2, "timeoutMs": 5000,
+    {"revision": "5d4c...", "sampleRate": 0.2, "timeoutMs": 5000,
+     "url": "http://minilm-5d4c....team-a.svc.cluster.local:8080",
      "compare": {"method": "auto", "minCosine": 0.99, "rtol": 0.001, "atol": 1e-05}}
+
+**Where copies go is this server's to decide, not the file's.** Users' request bodies are copied, so a
+file (a pod annotation: anyone who may patch the pod can write it) must not be able to send them
+anywhere. The server builds the target from its own setting ``MODELSERVER_SHADOW_SERVICE`` -- in a pod,
+``http://<its ModelDeployment>-{revision}.<its namespace>.svc.<cluster domain>:8080``, written by the
+operator into the pod template -- and the file's ``revision``, which must be a DNS label (so it can only
+name a sibling revision Service of the same ModelDeployment in the same namespace). The file's ``url``
+is optional (the operator writes it for servers of older images, which read it): when present it must be
+the URL the server built, else the whole file is refused. A refused file is logged, counted in
+``modelserver_shadow_refused_total{reason}`` and copies nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +98,36 @@ class AiohttpPost:
 
 
 class MirrorConfigError(ValueError):
-    """The shadow file does not hold a valid mirror target."""
+    """The shadow file does not hold a valid mirror target. ``reason`` is the metric label: ``invalid``
+    (unreadable or out-of-range values), ``revision`` (not a DNS label), ``url`` (a URL other than the
+    one this server builds), ``no_service`` (this server was given no shadow service)."""
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+REFUSAL_REASONS = ("invalid", "revision", "url", "no_service")
+
+#: a revision names a Service ``<ModelDeployment>-<revision>``: an RFC 1123 label (lower-case
+#: alphanumerics and '-', at most 63 characters), so it cannot add a host, a port, a path or a scheme
+_REVISION = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+REVISION_PLACEHOLDER = "{revision}"
+
+
+def shadow_url(service: str, revision: str) -> str:
+    """The URL copies to ``revision`` go to: ``service`` (this server's setting) with ``{revision}``
+    replaced. Raises :class:`MirrorConfigError` unless ``revision`` is a DNS label."""
+    if not service:
+        raise MirrorConfigError(
+            "this server was given no shadow service (MODELSERVER_SHADOW_SERVICE), so it copies nowhere",
+            "no_service",
+        )
+    if not isinstance(revision, str) or not _REVISION.fullmatch(revision):
+        raise MirrorConfigError(
+            f"revision must be a DNS label (a-z, 0-9, '-', at most 63), got {revision!r}", "revision"
+        )
+    return service.replace(REVISION_PLACEHOLDER, revision).rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -98,19 +139,24 @@ class MirrorConfig:
     compare: CompareSpec = field(default_factory=CompareSpec)
 
     @classmethod
-    def parse(cls, text: str) -> MirrorConfig | None:
-        """The target in the shadow file; None when it is empty (no shadow)."""
+    def parse(cls, text: str, service: str) -> MirrorConfig | None:
+        """The target in the shadow file, built from ``service`` (:func:`shadow_url`); None when the
+        file is empty (no shadow)."""
         if not text.strip():
             return None
         try:
             doc = orjson.loads(text)
             if not isinstance(doc, dict):
                 raise MirrorConfigError("the shadow file must hold a JSON object")
-            url, revision = doc["url"], doc["revision"]
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise MirrorConfigError(f"url must be an http(s) URL, got {url!r}")
-            if not isinstance(revision, str) or not revision:
-                raise MirrorConfigError("revision must be a non-empty string")
+            revision = doc["revision"]
+            url = shadow_url(service, revision)
+            given = doc.get("url")
+            if given is not None and (not isinstance(given, str) or given.rstrip("/") != url):
+                raise MirrorConfigError(
+                    f"url {given!r} is not this server's shadow service for revision {revision!r} ({url});"
+                    " copies go only to the URL the server builds",
+                    "url",
+                )
             rate = float(doc.get("sampleRate", 0.0))
             if not 0.0 <= rate <= 1.0:
                 raise MirrorConfigError(f"sampleRate must be within [0, 1], got {rate}")
@@ -128,7 +174,7 @@ class MirrorConfig:
             raise
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise MirrorConfigError(f"invalid shadow target: {type(e).__name__}: {e}") from None
-        return cls(url=url.rstrip("/"), revision=revision, sample_rate=rate, timeout_s=timeout, compare=spec)
+        return cls(url=url, revision=revision, sample_rate=rate, timeout_s=timeout, compare=spec)
 
 
 @dataclass(frozen=True)
@@ -156,8 +202,10 @@ class ShadowMirror:
         concurrency: int = CONCURRENCY,
         sample: Callable[[], float] = random.random,
         post: Post | None = None,
+        service: str = "",
     ) -> None:
         self.model_name = model_name
+        self.service = service  # MODELSERVER_SHADOW_SERVICE: where copies may go (shadow_url)
         self.metrics = metrics
         self.classification = classification
         self.custom = custom
@@ -214,9 +262,10 @@ class ShadowMirror:
             if text != last:
                 last = text
                 try:
-                    self.configure(MirrorConfig.parse(text))
+                    self.configure(MirrorConfig.parse(text, self.service))
                 except MirrorConfigError as e:
-                    log.error("shadow file %s: %s; not copying", path, e)
+                    log.error("shadow file %s refused: %s; not copying", path, e)
+                    self.metrics.refuse_shadow(e.reason)
                     self.configure(None)
             await asyncio.sleep(period)
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from modeldeploy.api import ModelDeployment
 from modeldeploy.api_rollout import CompareSpec
+from modeldeploy.builders import pod_template, shadow_service, spec_revision
 from modeldeploy.model_storage import FETCH_REASONS
 from modeldeploy.rollout_types import Mirror
 from modelserver.dir_digest import dir_digest_of
@@ -16,13 +18,24 @@ from modelserver.shadow import MirrorConfig
 
 
 def test_the_shadow_target_the_operator_writes_is_the_one_the_server_reads() -> None:
+    md = ModelDeployment.from_api(
+        {
+            "metadata": {"name": "minilm", "namespace": "team-a", "uid": "u"},
+            "spec": {"model": {"name": "minilm", "version": "1", "uri": "file:///m"}},
+        }
+    )
     compare = CompareSpec(method="cosine", min_cosine=0.97, rtol=0.01, atol=0.002)
-    mirror = Mirror(source="r1", target="r2", sample_rate=0.25, timeout_ms=1500.0, compare=compare)
-    got = MirrorConfig.parse(mirror.to_annotation("http://10.96.0.12:8080"))
+    target = spec_revision(md.spec)
+    mirror = Mirror(source="r1", target=target, sample_rate=0.25, timeout_ms=1500.0, compare=compare)
+    # the pod's MODELSERVER_SHADOW_SERVICE (from the pod template) and its annotation (from the plan)
+    (container,) = pod_template(md, md.spec, "r1")["spec"]["containers"]
+    service = {e["name"]: e["value"] for e in container["env"]}["MODELSERVER_SHADOW_SERVICE"]
+    url = shadow_service(md, target)
+    got = MirrorConfig.parse(mirror.to_annotation(url), service)
     assert got is not None
     assert (got.url, got.revision, got.sample_rate, got.timeout_s) == (
-        "http://10.96.0.12:8080",
-        "r2",
+        f"http://minilm-{target}.team-a.svc.cluster.local:8080",
+        target,
         0.25,
         1.5,
     )

@@ -5,7 +5,8 @@ kube-scheduler, kwok (fake GPU and CPU nodes), the process node agent and Promet
 127.0.0.1 with free ports, and, inside the cluster's pod network namespace, kube-proxy (Service
 ClusterIPs, ``10.96.N.0/24``, answer from the host and from pods), Traefik (the Gateway API data
 plane: the shared Gateway ``gateway-system/public-gateway`` answers at ``http://10.244.N.254:80``) and
-versitygw (an S3 object store at ``http://10.244.N.254:9000``, credentials in ``s3-credentials.json``),
+versitygw (an S3 object store at ``http://10.244.N.254:9000``, credentials in ``s3-credentials.json``)
+and CoreDNS (the cluster DNS at ``10.244.N.254:53``: ``<service>.<namespace>.svc.cluster.local``),
 waits until the cluster is Ready,
 records everything it started in ``cluster.json`` and returns, leaving the processes running. ``down``
 stops exactly those processes (and any pod process the agent left) and removes the state directory.
@@ -31,7 +32,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from . import config, podnet
+from . import clusterdns, config, podnet
 from .kubeapi import KubeAPI
 from .pki import CertificateAuthority, KeyPair, service_account_keys
 from .state import REPO_ROOT, ClusterRecord, Layout, ProcessRecord
@@ -267,7 +268,10 @@ def _bring_up(
     traefik_kcfg = client_kubeconfig(
         "traefik", "localcluster-traefik", None, at=f"https://{net.host_ip}:{ports['apiserver']}"
     )
-    for name in ("traefik", "versitygw"):
+    dns_kcfg = client_kubeconfig(
+        "coredns", clusterdns.USER, None, at=f"https://{net.host_ip}:{ports['apiserver']}"
+    )
+    for name in ("traefik", "versitygw", "coredns"):
         if not (bin_dir / name).exists():
             raise ClusterError(f"no {name} in {bin_dir} (tools/build-binaries.sh builds it)")
     front_proxy_ca, proxy_client = _front_proxy(layout)
@@ -371,6 +375,12 @@ def _bring_up(
             ],
         },
     )
+
+    for path, obj in clusterdns.rbac_objects():
+        api.create(path, obj)
+    corefile = layout.root / "Corefile"
+    corefile.write_text(clusterdns.corefile(listen_ip=net.anchor_ip, kubeconfig=dns_kcfg))
+    starter.start("coredns", [*net.exec_prefix(), *clusterdns.args(bin_dir, corefile_path=corefile)])
 
     starter.start(
         "kube-controller-manager",
@@ -514,6 +524,8 @@ def _bring_up(
     keda_api_service = _start_keda(starter, api, layout, bin_dir, net, ca, keda_kcfg, left) if keda else None
     proxy_healthz = f"http://{net.anchor_ip}:{config.KUBE_PROXY_HEALTHZ_PORT}/healthz"
     starter.wait_for("kube-proxy", lambda: httpx.get(proxy_healthz, timeout=1).status_code == 200, left())
+    dns_ready = clusterdns.ready_url(net.anchor_ip)
+    starter.wait_for("coredns", lambda: httpx.get(dns_ready, timeout=1).status_code == 200, left())
     starter.wait_for(
         "prometheus", lambda: httpx.get(f"{rec.prometheus_url}/-/ready", timeout=1).status_code == 200, left()
     )
@@ -638,6 +650,7 @@ def down(state_dir: Path, *, keep_logs_on_error: bool = False) -> None:
         order = {
             "node-agent": 0,
             "kube-proxy": 1,
+            "coredns": 1,
             "traefik": 1,
             "versitygw": 1,
             "prometheus": 1,

@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from . import clusterdns
+
 _BASE_AGENT = ipaddress.ip_network("10.244.0.0/16")
 _BASE_SERVICE = ipaddress.ip_network("10.96.0.0/16")
 MAX_INDEX = 120
@@ -125,10 +127,11 @@ class PodNetwork:
             _ip(
                 "-n", self.netns, "route", "add", self.service_cidr, "dev", self.pod_if, "src", self.anchor_ip
             )
-            # `ip netns exec` bind-mounts this over /etc/resolv.conf: no outside name server, so name
-            # lookups in pods fail at once instead of timing out against an unreachable resolver.
+            # `ip netns exec` bind-mounts this over /etc/resolv.conf: the cluster's DNS (CoreDNS on the
+            # anchor address, started by localcluster.cluster), which refuses every name outside the
+            # cluster, so lookups in pods never time out against a resolver out of reach.
             self.etc_dir.mkdir(parents=True, exist_ok=True)
-            (self.etc_dir / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+            (self.etc_dir / "resolv.conf").write_text(clusterdns.resolv_conf(self.anchor_ip))
         except (PodNetworkError, OSError):
             self.destroy()
             raise

@@ -67,6 +67,9 @@ watchNamespaces, or the release's own namespace when that list is empty (the def
 {{- if and .Values.rbac.clusterWide .Values.watchNamespaces -}}
 {{- fail "rbac.clusterWide=true manages every namespace: leave watchNamespaces empty (or set rbac.clusterWide=false)" -}}
 {{- end -}}
+{{- if and .Values.networkPolicy.enabled .Values.rbac.clusterWide (not .Values.networkPolicy.namespaces) -}}
+{{- fail "networkPolicy.enabled in cluster mode (rbac.clusterWide=true) needs networkPolicy.namespaces: the chart cannot know which namespaces hold ModelDeployments" -}}
+{{- end -}}
 {{- if ne (len .Values.watchNamespaces) (len (uniq .Values.watchNamespaces)) -}}
 {{- fail "watchNamespaces has duplicates" -}}
 {{- end -}}

@@ -267,3 +267,51 @@ def test_two_clusters_each_keep_their_rules_in_their_own_namespace(
     routes = subprocess.run(["ip", "route", "show", other.service_cidr], capture_output=True, text=True)
     assert routes.stdout.strip() == ""  # gone with the veth
     assert from_host(url, 10) == ["steady-0"] * 10  # the first cluster's rules never moved
+
+
+_RESOLVE = """
+import json, socket, sys, time
+out = {}
+for name in sys.argv[1:]:
+    t0 = time.monotonic()
+    try:
+        found = socket.getaddrinfo(name, 80, socket.AF_INET, socket.SOCK_STREAM)
+        out[name] = sorted({a[4][0] for a in found})
+    except socket.gaierror as exc:
+        out[name] = f"gaierror {exc.errno}"
+    out[name + " s"] = round(time.monotonic() - t0, 2)
+print(json.dumps(out))
+"""
+
+
+def test_pods_resolve_service_names_through_the_cluster_dns_and_nothing_outside_it(
+    kube: Kube, namespace: str
+) -> None:
+    net = pod_network(kube)
+    kube.apply(service("dns-web", "dns-web"), namespace)
+    kube.apply(app_pod("dns-web-0", "dns-web"), namespace)
+    ip = service_url(kube.api, namespace, "dns-web").removeprefix("http://").rsplit(":", 1)[0]
+    fqdn = f"dns-web.{namespace}.svc.cluster.local"
+    names = [
+        fqdn,
+        f"dns-web.{namespace}",
+        "kubernetes.default.svc.cluster.local",
+        f"absent.{namespace}.svc.cluster.local",
+        "pypi.org",
+    ]
+    res = subprocess.run(
+        [*net.exec_prefix(), sys.executable, "-c", _RESOLVE, *names],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got[fqdn] == [ip] and got[f"dns-web.{namespace}"] == [ip]  # the search list has svc.cluster.local
+    assert got["kubernetes.default.svc.cluster.local"] == [net.kubernetes_service_ip]
+    assert str(got[f"absent.{namespace}.svc.cluster.local"]).startswith("gaierror")
+    # a name outside the cluster is refused at once (nothing leaves this machine), never a slow timeout
+    assert str(got["pypi.org"]).startswith("gaierror") and got["pypi.org s"] < 1.0, got
+    # by name, through kube-proxy, to the pod -- as a stable server reaches its shadow revision
+    running_ip(kube, namespace, "dns-web-0")
+    wait_for(lambda: from_pod_network(net, f"http://{fqdn}:80") == ["dns-web-0"], timeout=60, what="by name")

@@ -37,19 +37,21 @@ class ServerProcess:
         name: str = "m",
         version: str = "1",
         prefix: list[str] | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
     ) -> None:
         """``prefix``: what the server runs under (a memory cgroup, for the security tests)."""
-        self.port = free_port()
+        self.port = port or free_port()
         self.name = name
         self.version = version
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.log_path = log_path
         self.args = [
             sys.executable,
             "-m",
             "modelserver",
             "--host",
-            "127.0.0.1",
+            host,
             "--port",
             str(self.port),
             "--model-name",

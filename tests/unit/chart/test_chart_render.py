@@ -218,6 +218,63 @@ def test_operator_understands_the_settings_the_chart_passes(monkeypatch: pytest.
     assert env_of(docs)["MODELDEPLOY_BIND_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
 
 
+def test_the_operator_builds_shadow_targets_in_the_charts_cluster_domain(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from modeldeploy import builders
+
+    env = env_of(render("--set", "operator.clusterDomain=corp.internal"))
+    monkeypatch.setenv("MODELDEPLOY_CLUSTER_DOMAIN", env["MODELDEPLOY_CLUSTER_DOMAIN"])
+    assert builders.cluster_domain() == "corp.internal"
+    assert env_of(render())["MODELDEPLOY_CLUSTER_DOMAIN"] == "cluster.local"
+
+
+def test_the_serving_pods_network_policy_is_off_by_default_and_per_watched_namespace() -> None:
+    assert not by_kind(render(), "NetworkPolicy")
+    docs = render("--set", "networkPolicy.enabled=true", "--set", "watchNamespaces={team-a,team-b}")
+    policies = by_kind(docs, "NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    serving = {"matchExpressions": [{"key": "modeldeploy.io/name", "operator": "Exists"}]}
+    for p in policies:
+        spec = p["spec"]
+        assert spec["podSelector"] == serving and spec["policyTypes"] == ["Ingress", "Egress"]
+        (ingress,) = spec["ingress"]
+        assert ingress["ports"] == [{"port": 8080, "protocol": "TCP"}]
+        assert ingress["from"] == [
+            {"podSelector": {}},
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "md-system"}},
+                "podSelector": {"matchLabels": container_selector(docs)},
+            },
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway-system"}}},
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},
+        ]
+        # egress: sibling serving pods on the server port and the cluster DNS, nothing else by default
+        assert spec["egress"] == [
+            {"ports": [{"port": 8080, "protocol": "TCP"}], "to": [{"podSelector": serving}]},
+            {
+                "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+                "to": [
+                    {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}
+                ],
+            },
+        ]
+    extra = render(
+        "--set", "networkPolicy.enabled=true",
+        "--set", "rbac.clusterWide=true",
+        "--set", "networkPolicy.namespaces={ml}",
+        "--set", "networkPolicy.extraEgress[0].to[0].ipBlock.cidr=10.0.12.0/24",
+    )  # fmt: skip
+    (p,) = by_kind(extra, "NetworkPolicy")
+    assert p["metadata"]["namespace"] == "ml"
+    assert p["spec"]["egress"][2] == {"to": [{"ipBlock": {"cidr": "10.0.12.0/24"}}]}
+
+
+def container_selector(docs: list[dict[str, Any]]) -> dict[str, str]:
+    """The operator pods' labels that its Deployment selects on."""
+    return one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+
+
 def test_peering_off_means_standalone_and_no_peering_rights() -> None:
     docs = render("--set", "operator.peering.enabled=false")
     assert env_of(docs)["MODELDEPLOY_STANDALONE"] == "1"
@@ -237,6 +294,11 @@ def test_peering_off_means_standalone_and_no_peering_rights() -> None:
         (["--set", "operator.prometheusUrl=prom:9090"], "prometheusUrl"),
         (["--set", "watchNamespaces={Bad_Name}"], "watchNamespaces"),
         (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
+        (["--set", "operator.clusterDomain=Cluster_Local"], "clusterDomain"),
+        (
+            ["--set", "networkPolicy.enabled=true", "--set", "rbac.clusterWide=true"],
+            "needs networkPolicy.namespaces",
+        ),
     ],
 )
 def test_bad_values_are_refused(flags: list[str], message: str) -> None:

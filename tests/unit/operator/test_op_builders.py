@@ -235,6 +235,18 @@ def test_prometheus_annotations_and_readiness_gate():
     assert tmpl["spec"]["readinessGates"] == [{"conditionType": "modeldeploy.io/in-traffic"}]
 
 
+def test_servers_may_copy_only_to_their_own_modeldeployments_revision_services(monkeypatch):
+    # the server fills in the revision from the shadow annotation; host, namespace and port are fixed here
+    assert env(deployment(make_md()))["MODELSERVER_SHADOW_SERVICE"] == (
+        "http://minilm-{revision}.ml.svc.cluster.local:8080"
+    )
+    monkeypatch.setenv("MODELDEPLOY_CLUSTER_DOMAIN", "corp.internal")
+    assert env(deployment(make_md()))["MODELSERVER_SHADOW_SERVICE"] == (
+        "http://minilm-{revision}.ml.svc.corp.internal:8080"
+    )
+    assert b.shadow_service(make_md(), "abc") == "http://minilm-abc.ml.svc.corp.internal:8080"
+
+
 def test_env_values_are_all_strings():
     for e in container(deployment(make_md(resources={"gpu": 3})))["env"]:
         assert isinstance(e["value"], str), e

@@ -65,8 +65,9 @@ def test_a_revision_that_agrees_shadows_out_of_traffic_then_goes_through_the_ste
     svc = w.fake.obj("Service", f"minilm-{new}")
     assert svc["spec"]["publishNotReadyAddresses"] is True
     assert "publishNotReadyAddresses" not in w.fake.obj("Service", f"minilm-{old}")["spec"]
+    # by the Service's DNS name, in the ModelDeployment's namespace: the URL the servers build themselves
     targets = {json.loads(a)["url"] for a in annotations(w, old)}
-    assert targets == {f"http://{svc['spec']['clusterIP']}:8080"}
+    assert targets == {f"http://minilm-{new}.default.svc.cluster.local:8080"}
     doc = json.loads(annotations(w, old)[0])
     assert (doc["revision"], doc["sampleRate"], doc["timeoutMs"]) == (new, 0.2, 5000.0)
     assert doc["compare"] == {"method": "auto", "minCosine": 0.99, "rtol": 0.001, "atol": 1e-05}

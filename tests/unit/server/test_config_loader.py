@@ -47,6 +47,7 @@ def test_json_config_and_bucket_strings(tmp_path: Path):
         ["--model-name", "m", "--model-uri", "x", "--default-timeout-ms", "10", "--max-timeout-ms", "5"],
         ["--model-name", "m", "--model-uri", "x", "--model-sha256", "xyz"],
         ["--model-name", "m", "--model-uri", "x", "--buckets", "1,a"],
+        ["--model-name", "m", "--model-uri", "x", "--shadow-service", "md-{revision}.ns.svc:8080"],
     ],
 )
 def test_invalid_settings(argv):

@@ -17,6 +17,9 @@ from modelserver.loader import create_model
 from modelserver.service import ModelService
 from modelserver.shadow import SHADOW_HEADER, MirrorConfig, MirrorConfigError, ShadowMirror
 
+#: what the operator gives a pod of ModelDeployment "md" in namespace "team-a"
+SERVICE = "http://md-{revision}.team-a.svc.cluster.local:8080"
+
 
 async def server(version: str, uri: str = "noop://", *args: str) -> tuple[ModelServerApp, ModelService]:
     settings = load_settings(
@@ -171,14 +174,15 @@ async def test_requested_outputs_and_binary_answers_are_compared():
 async def test_the_target_file_is_followed_live(tmp_path: Path):
     shadow_app, shadow_svc = await server("2")
     _, stable_svc = await server("1")
-    mirror = ShadowMirror("m", stable_svc.metrics, post=Recording(shadow_app))
+    mirror = ShadowMirror("m", stable_svc.metrics, post=Recording(shadow_app), service=SERVICE)
     f = tmp_path / "shadow"
     watch = asyncio.get_running_loop().create_task(mirror.watch(f, period=0.02))
     await asyncio.sleep(0.05)
     assert mirror.config is None  # no file: no shadow
-    f.write_text(json.dumps({"url": "http://s:8080", "revision": "r9", "sampleRate": 0.5}))
+    f.write_text(json.dumps({"revision": "r9", "sampleRate": 0.5}))
     await asyncio.sleep(0.1)
     assert mirror.config is not None and mirror.config.revision == "r9" and mirror.config.sample_rate == 0.5
+    assert mirror.config.url == "http://md-r9.team-a.svc.cluster.local:8080"
     f.write_text("{not json")
     await asyncio.sleep(0.1)
     assert mirror.config is None
@@ -193,31 +197,84 @@ async def test_the_target_file_is_followed_live(tmp_path: Path):
 
 
 @pytest.mark.parametrize(
-    ("text", "error"),
+    ("text", "error", "reason"),
     [
-        ('{"url": "ftp://x", "revision": "r"}', "http"),
-        ('{"url": "http://x"}', "KeyError"),
-        ('{"url": "http://x", "revision": "r", "sampleRate": 2}', "sampleRate"),
-        ('{"url": "http://x", "revision": "r", "compare": {"method": "fuzzy"}}', "compare method"),
-        ("[1]", "JSON object"),
+        ('{"sampleRate": 1}', "KeyError", "invalid"),
+        ('{"revision": "r", "sampleRate": 2}', "sampleRate", "invalid"),
+        ('{"revision": "r", "compare": {"method": "fuzzy"}}', "compare method", "invalid"),
+        ("[1]", "JSON object", "invalid"),
+        # the file picks a revision, never a host, a port, a path or a scheme
+        ('{"revision": "evil.example:80/x"}', "DNS label", "revision"),
+        ('{"revision": "r@evil.example"}', "DNS label", "revision"),
+        ('{"revision": "R2"}', "DNS label", "revision"),
+        ('{"revision": ""}', "DNS label", "revision"),
+        ('{"revision": "r-"}', "DNS label", "revision"),
+        (json.dumps({"revision": "a" * 64}), "DNS label", "revision"),
+        ('{"revision": 7}', "DNS label", "revision"),
+        # a url, when given, must be the one the server builds itself
+        ('{"url": "http://evil.example:9999", "revision": "r2"}', "not this server's", "url"),
+        (
+            '{"url": "http://md-r2.team-b.svc.cluster.local:8080", "revision": "r2"}',
+            "not this server's",
+            "url",
+        ),
+        ('{"url": 5, "revision": "r2"}', "not this server's", "url"),
     ],
 )
-def test_bad_targets_are_refused_with_the_reason(text, error):
-    with pytest.raises(MirrorConfigError, match=error):
-        MirrorConfig.parse(text)
+def test_bad_targets_are_refused_with_the_reason(text, error, reason):
+    with pytest.raises(MirrorConfigError, match=error) as got:
+        MirrorConfig.parse(text, SERVICE)
+    assert got.value.reason == reason
+
+
+def test_a_server_given_no_shadow_service_copies_nowhere():
+    with pytest.raises(MirrorConfigError, match="no shadow service") as got:
+        MirrorConfig.parse('{"revision": "r2"}', "")
+    assert got.value.reason == "no_service"
 
 
 def test_a_full_target_parses():
     cfg = MirrorConfig.parse(
-        '{"url": "http://10.96.0.9:8080/", "revision": "abc", "sampleRate": 0.2, "timeoutMs": 750,'
-        ' "compare": {"method": "cosine", "minCosine": 0.95}}'
+        '{"url": "http://md-abc.team-a.svc.cluster.local:8080/", "revision": "abc", "sampleRate": 0.2,'
+        ' "timeoutMs": 750, "compare": {"method": "cosine", "minCosine": 0.95}}',
+        SERVICE,
     )
     assert cfg is not None
     assert (cfg.url, cfg.revision, cfg.sample_rate, cfg.timeout_s) == (
-        "http://10.96.0.9:8080",
+        "http://md-abc.team-a.svc.cluster.local:8080",
         "abc",
         0.2,
         0.75,
     )
     assert cfg.compare.method == "cosine" and cfg.compare.min_cosine == 0.95
-    assert MirrorConfig.parse("  \n") is None
+    assert MirrorConfig.parse("  \n", SERVICE) is None
+
+
+def test_a_service_without_a_placeholder_is_one_fixed_target():
+    cfg = MirrorConfig.parse('{"revision": "r7"}', "http://127.0.0.1:9001/")
+    assert cfg is not None and cfg.url == "http://127.0.0.1:9001"
+
+
+async def test_a_refused_file_is_counted_by_reason_and_copies_nothing(tmp_path: Path):
+    _, stable_svc = await server("1")
+    sent: list[str] = []
+
+    async def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        sent.append(url)
+        return 200, {}, b"{}"
+
+    mirror = ShadowMirror("m", stable_svc.metrics, post=post, service=SERVICE, sample=lambda: 0.0)
+    f = tmp_path / "shadow"
+    f.write_text(json.dumps({"url": "http://10.0.0.66:9999", "revision": "r2", "sampleRate": 1.0}))
+    watch = asyncio.get_running_loop().create_task(mirror.watch(f, period=0.02))
+    await asyncio.sleep(0.1)
+    assert mirror.config is None
+    mirror.offer(b"{}", None, "req-1", {})
+    await asyncio.sleep(0.05)
+    assert sent == []
+    text = stable_svc.metrics.exposition().decode()
+    assert sample_values(text, "modelserver_shadow_refused_total", reason="url") == [1.0]
+    assert sample_values(text, "modelserver_shadow_active") == []
+    watch.cancel()
+    await mirror.close()
+    await stable_svc.drain()
