@@ -106,6 +106,8 @@ def test_a_patched_shadow_annotation_cannot_send_a_stable_servers_copies_anywher
                 answered.append(c.post(url, json=BODY).status_code)
                 time.sleep(0.05)
 
+    # Healthy is the operator's view; kube-proxy follows the EndpointSlice a moment later
+    wait_for(lambda: httpx.post(url, json=BODY, timeout=5).status_code == 200, timeout=30, what="the Service")
     operator.send_signal(signal.SIGSTOP)
     try:
         # 1: any URL, with a well-formed revision
