@@ -95,8 +95,8 @@ class Settings(BaseSettings):
         pattern=r"^([0-9a-fA-F]{64})?$",
         description="expected sha256 of the model file, or the directory digest (see docs/server.md)",
     )
-    task: Literal["auto", "embedding", "classification"] = Field(
-        "auto", description="task of a Hugging Face model"
+    task: Literal["auto", "embedding", "classification", "generation"] = Field(
+        "auto", description="task of a Hugging Face model (auto: generation for a *ForCausalLM config)"
     )
     handler: str = Field(
         "", description="custom handler 'path/to/file.py:ClassName' or 'package.module:ClassName'"
@@ -149,6 +149,23 @@ class Settings(BaseSettings):
     )
     max_timeout_ms: float = Field(60000.0, gt=0, description="cap for a caller-supplied timeout")
     warmup: bool = Field(True, description="run warm-up batches for every bucket before reporting ready")
+    # --- generation (task generation: the continuous-batching engine, modelserver.gen_engine) ---
+    kv_cache_tokens: int = Field(
+        16384,
+        ge=64,
+        description="generation: KV cache size in tokens (all sequences together; also caps the context)",
+    )
+    kv_page_size: int = Field(32, ge=1, description="generation: tokens per KV cache block")
+    max_batch_tokens: int = Field(
+        512, ge=1, description="generation: tokens per engine step (prefill chunks and decode steps together)"
+    )
+    max_running_sequences: int = Field(
+        32, ge=1, description="generation: sequences in one engine step, at most"
+    )
+    max_waiting_sequences: int = Field(
+        64, ge=0, description="generation: sequences admitted and not started, at most (beyond: 429)"
+    )
+    max_new_tokens: int = Field(1024, ge=1, description="generation: max_tokens a request may ask for")
     # --- misc ------------------------------------------------------------------------------
     shadow_file: str = Field(
         "",

@@ -50,6 +50,14 @@ def uvicorn_server(app: object, settings: Settings) -> object:
 
 
 async def serve(settings: Settings) -> int:
+    from .gen_server import serve_generation, wants_generation
+
+    if wants_generation(settings):
+        return await serve_generation(settings)
+    return await serve_encoder(settings)
+
+
+async def serve_encoder(settings: Settings) -> int:
     from .app import ModelServerApp
     from .loader import create_model
     from .service import ModelService
