@@ -256,8 +256,10 @@ class ModelSpec(ApiModel):
         description="Model format: a Hugging Face directory (hf), TorchScript, a torch.export program, "
         "a custom Python handler class, or auto-detected.",
     )
-    task: Literal["auto", "embedding", "classification"] = Field(
-        default="auto", description="Task of a Hugging Face model."
+    task: Literal["auto", "embedding", "classification", "generation"] = Field(
+        default="auto",
+        description="Task of a Hugging Face model (generation: a causal LM served through the OpenAI-"
+        "compatible /v1/completions and /v1/chat/completions; auto picks it for a *ForCausalLM config).",
     )
     handler: str | None = Field(
         default=None,
@@ -470,6 +472,16 @@ class ModelDeploymentSpec(ApiModel):
         description="Scale spec.replicas on a serving signal through KEDA (unset: spec.replicas rules, or "
         "your own HPA on the scale subresource).",
     )
+
+    @model_validator(mode="after")
+    def _generation_has_no_shadow_stage(self) -> ModelDeploymentSpec:
+        """The CRD's rule of the same meaning, for objects that did not pass the apiserver (tests)."""
+        if self.model.task == "generation" and self.rollout.shadow is not None:
+            raise ValueError(
+                "spec.rollout.shadow: the shadow stage does not support spec.model.task generation yet"
+                " (issue 25)"
+            )
+        return self
 
 
 class ModelDeployment(BaseModel):

@@ -304,7 +304,7 @@ class FallbackModelSpec(ApiModel):
     version: str | None = Field(default=None, min_length=1, max_length=63, pattern=NAME_PATTERN)
     uri: str | None = Field(default=None, max_length=2048, pattern=URI_PATTERN)
     format: Literal["auto", "hf", "torchscript", "export", "custom", "noop"] | None = None
-    task: Literal["auto", "embedding", "classification"] | None = None
+    task: Literal["auto", "embedding", "classification", "generation"] | None = None
     handler: str | None = Field(default=None, max_length=512)
 
 

@@ -140,7 +140,16 @@ def crd_schema() -> dict[str, Any]:
                 "message": f"metadata.name must be at most {api.MAX_NAME_LENGTH} characters "
                 "(it prefixes the per-revision Service names)",
                 "reason": "FieldValueInvalid",
-            }
+            },
+            {
+                # the shadow stage compares encoder outputs (modelserver.shadow); a generation server
+                # has no mirror yet, so a shadow stage would wait for copies that never come
+                "rule": "!(has(self.spec.rollout) && has(self.spec.rollout.shadow)"
+                " && has(self.spec.model.task) && self.spec.model.task == 'generation')",
+                "message": "spec.rollout.shadow: the shadow stage does not support spec.model.task generation"
+                " yet (issue 25)",
+                "reason": "FieldValueForbidden",
+            },
         ],
     }
 
