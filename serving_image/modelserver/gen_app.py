@@ -23,7 +23,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from . import gen_openai as oa
 from .errors import InvalidInput, NotFound, ServerError
-from .gen_engine import GenerationEngine, Sampling, Step
+from .gen_engine import GenerationEngine, GenerationUnavailable, Sampling, Step
 from .gen_metrics import GenerationMetrics
 from .metrics import CONTENT_TYPE, Metrics
 
@@ -117,7 +117,7 @@ class GenerationApp(FastAPI):
         t0 = time.monotonic()
         try:
             if self.draining:
-                raise ServerError("the server is draining", 5.0) from None
+                raise GenerationUnavailable("the server is draining: retry on another replica")
             try:
                 doc = orjson.loads(await request.body())
             except orjson.JSONDecodeError as e:
