@@ -21,7 +21,11 @@ carries over from discovery (``modeldeploy_io_name``, ``modeldeploy_io_revision`
 * ``client-error-rate-increase``: the revision's 4xx share (413/429 excepted) minus the stable's in the same
   window (max ``maxClientErrorRateIncrease``; only with a stable revision to compare with): a revision
   that answers 404 to every client is a failure, not a pass;
-* ``p99-latency-ms``: p99 of ``modelserver_request_duration_seconds`` (max ``maxP99LatencyMs``);
+* ``p99-latency-ms``: p99 of ``modelserver_request_duration_seconds`` (max ``maxP99LatencyMs``), not for
+  ``task: generation`` (a streamed request lasts as long as its answer), which has instead, when set,
+  ``ttft-p99-ms`` (p99 of ``modelserver_generation_time_to_first_token_seconds``, max ``maxTTFTP99Ms``) and
+  ``tpot-p99-ms`` (p99 of ``modelserver_generation_time_per_output_token_seconds``, max
+  ``maxTimePerOutputTokenP99Ms``);
 * ``latency-ratio-to-stable``: canary p99 / stable p99 (max ``maxLatencyRatioToStable``, only when set
   and when there is a stable revision in traffic to compare with);
 * every ``metrics[]`` entry: a PromQL template with ``{{namespace}} {{name}} {{revision}} {{interval}}``
@@ -51,6 +55,8 @@ REQUESTS = "requests"
 ERROR_RATE = "error-rate"
 CLIENT_ERRORS = "client-error-rate-increase"
 P99 = "p99-latency-ms"
+TTFT = "ttft-p99-ms"
+TPOT = "tpot-p99-ms"
 RATIO = "latency-ratio-to-stable"
 SAMPLES = "shadow-samples"
 AGREEMENT = "agreement"
@@ -103,10 +109,32 @@ def _selector(namespace: str, name: str, revision: str, extra: str = "") -> str:
     return "{" + sel + (f",{extra}" if extra else "") + "}"
 
 
-def p99_query(namespace: str, name: str, revision: str, win: str) -> str:
+def p99_query(
+    namespace: str,
+    name: str,
+    revision: str,
+    win: str,
+    histogram: str = "modelserver_request_duration_seconds",
+) -> str:
+    """The p99 of a server histogram (seconds) over ``win``, in milliseconds."""
     sel = _selector(namespace, name, revision)
-    rate = f"rate(modelserver_request_duration_seconds_bucket{sel}[{win}])"
+    rate = f"rate({histogram}_bucket{sel}[{win}])"
     return f"histogram_quantile(0.99, sum by (le) ({rate})) * 1000"
+
+
+def _generation_latency(
+    spec: AnalysisSpec, namespace: str, name: str, revision: str, win: str
+) -> list[Query]:
+    """TTFT and time per output token, each when its threshold is set."""
+    out = []
+    for metric, histogram, limit in (
+        (TTFT, "modelserver_generation_time_to_first_token_seconds", spec.max_ttft_p99_ms),
+        (TPOT, "modelserver_generation_time_per_output_token_seconds", spec.max_time_per_output_token_p99_ms),
+    ):
+        if limit is not None:
+            q = p99_query(namespace, name, revision, win, histogram)
+            out.append(Query(metric, q, float(limit), "max", revision))
+    return out
 
 
 def _copies(namespace: str, name: str, shadow: str, results: str, win: str) -> str:
@@ -179,21 +207,25 @@ def build_queries(
     stable: str | None,
     interval: str,
     agreement_with: str | None = None,
+    generation: bool = False,
 ) -> list[Query]:
     """The queries that judge ``revision`` over the last ``interval`` (pure). With ``minAgreement`` and
     ``agreement_with`` (the revision the stable servers copy to), the agreement of those copies too.
     The 4xx and latency comparisons need a ``stable`` in the same window; without one (the last step at
-    100 %, bakeTime) they are not asked."""
+    100 %, bakeTime) they are not asked. ``generation`` (``task: generation``): time to first token and
+    per output token instead of the request latency."""
     win = window(interval)
     total = _increase(_selector(namespace, name, revision), win)
     bad = _increase(_selector(namespace, name, revision, SERVER_ERROR_CODES), win)
     out = [
         Query(REQUESTS, total, float(spec.min_requests), "min", revision),
         Query(ERROR_RATE, f"({bad} or vector(0)) / {total}", spec.max_error_rate, "max", revision),
-        Query(
-            P99, p99_query(namespace, name, revision, win), float(spec.max_p99_latency_ms), "max", revision
-        ),
     ]
+    if generation:
+        out += _generation_latency(spec, namespace, name, revision, win)
+    else:
+        p99 = p99_query(namespace, name, revision, win)
+        out.append(Query(P99, p99, float(spec.max_p99_latency_ms), "max", revision))
     compare = stable is not None and stable != revision
     if compare and spec.max_client_error_rate_increase < 1:
         assert stable is not None
@@ -206,7 +238,7 @@ def build_queries(
                 revision,
             )
         )
-    if spec.max_latency_ratio_to_stable is not None and compare:
+    if spec.max_latency_ratio_to_stable is not None and compare and not generation:
         assert stable is not None
         out.append(
             Query(

@@ -138,7 +138,27 @@ class AnalysisSpec(ApiModel):
     query_timeout: Duration = Field(
         default="10s", description="Total deadline of one Prometheus query (connect, send, whole answer)."
     )
-    max_p99_latency_ms: int = Field(default=1000, ge=1, le=600_000, description="Maximum p99 latency.")
+    max_p99_latency_ms: int = Field(
+        default=1000,
+        ge=1,
+        le=600_000,
+        description="Maximum p99 request latency (not asked for spec.model.task generation, where a "
+        "request lasts as long as its answer: see maxTTFTP99Ms).",
+    )
+    max_ttft_p99_ms: int | None = Field(
+        default=None,
+        ge=1,
+        le=600_000,
+        alias="maxTTFTP99Ms",
+        description="Generation: maximum p99 time to first token (unset: not checked).",
+    )
+    max_time_per_output_token_p99_ms: int | None = Field(
+        default=None,
+        ge=1,
+        le=600_000,
+        alias="maxTimePerOutputTokenP99Ms",
+        description="Generation: maximum p99 time between two generated tokens (unset: not checked).",
+    )
     max_latency_ratio_to_stable: float | None = Field(
         default=None, ge=1, le=100, description="Maximum canary p99 / stable p99."
     )

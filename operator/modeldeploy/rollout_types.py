@@ -111,6 +111,7 @@ class AnalysisRequest:
             stable=self.stable,
             interval=self.interval,
             agreement_with=self.agreement_with,
+            generation=md.spec.model.task == "generation",
         )
 
 

@@ -13,6 +13,8 @@ from modeldeploy.analysis import (
     P99,
     RATIO,
     REQUESTS,
+    TPOT,
+    TTFT,
     Sample,
     advance,
     build_queries,
@@ -293,3 +295,24 @@ def test_the_canary_example_parses_and_renders_its_custom_metric():
     assert set(q) == {REQUESTS, ERROR_RATE, P99, RATIO, CLIENT_ERRORS, "queue-wait-p99-ms"}
     assert 'modeldeploy_io_revision="r1"}[30s]' in q["queue-wait-p99-ms"].promql
     assert "{{" not in q["queue-wait-p99-ms"].promql and q["queue-wait-p99-ms"].threshold == 50
+
+
+def test_generation_is_judged_by_first_token_and_per_token_latency_not_by_request_latency():
+    spec = AnalysisSpec.model_validate({"maxTTFTP99Ms": 500, "maxTimePerOutputTokenP99Ms": 40})
+    gen = {
+        q.metric: q
+        for q in build_queries(
+            spec, namespace="ns", name="m", revision="c1", stable="s1", interval="10s", generation=True
+        )
+    }
+    assert set(gen) == {REQUESTS, ERROR_RATE, TTFT, TPOT, CLIENT_ERRORS}
+    assert (gen[TTFT].threshold, gen[TPOT].threshold) == (500.0, 40.0)
+    assert "modelserver_generation_time_to_first_token_seconds_bucket" in gen[TTFT].promql
+    assert "modelserver_generation_time_per_output_token_seconds_bucket" in gen[TPOT].promql
+    assert 'modeldeploy_io_revision="c1"' in gen[TTFT].promql and "* 1000" in gen[TTFT].promql
+    # unset thresholds: not asked; an encoder is never asked them
+    bare = build_queries(
+        AnalysisSpec(), namespace="ns", name="m", revision="c1", stable="s1", interval="10s", generation=True
+    )
+    assert {q.metric for q in bare} == {REQUESTS, ERROR_RATE, CLIENT_ERRORS}
+    assert not {TTFT, TPOT} & {q.metric for q in qs(spec)}

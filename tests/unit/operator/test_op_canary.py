@@ -10,7 +10,7 @@ import pytest
 from md_canary import World, canary_md
 from modeldeploy import builders as b
 from modeldeploy import metrics
-from modeldeploy.analysis import ERROR_RATE, P99, REQUESTS
+from modeldeploy.analysis import ERROR_RATE, P99, REQUESTS, TPOT, TTFT
 from modeldeploy.rollout_types import COMMAND_ANNOTATION
 
 
@@ -710,3 +710,41 @@ def test_a_status_written_before_history_kinds_keeps_a_failed_revision_out():
     assert w.cond("Degraded")["reason"] == "RolledBack" and w.pods(new) == []
     # the legacy history reads as the new one: nothing to rewrite
     assert not [wr for wr in w.fake.writes if wr[1] == "ModelDeployment/status"]
+
+
+def generation_md(**analysis: object) -> dict:
+    body = canary_md(analysis=dict(analysis))
+    body["spec"]["model"]["task"] = "generation"
+    return body
+
+
+def new_generation(w: World, version: str) -> str:
+    return w.edit(
+        model={"name": "tiny", "version": version, "uri": f"file:///models/v{version}", "task": "generation"}
+    )
+
+
+def test_a_generative_canary_with_a_3x_slower_first_token_is_rolled_back_on_ttft():
+    w = World(generation_md(maxTTFTP99Ms=300, maxTimePerOutputTokenP99Ms=50))
+    w.deploy_first()
+    new = new_generation(w, "2")
+    # its whole answers take seconds (p99-latency-ms would fail any stream): not asked for generation
+    w.prom.values[new] = {TTFT: 900.0, P99: 20000.0}
+    w.reconcile()
+    w.run_for(10)
+    h = w.status["history"][-1]
+    assert h["outcome"] == "RolledBack" and h["measurement"]["metric"] == TTFT
+    assert "modelserver_generation_time_to_first_token_seconds_bucket" in h["measurement"]["query"]
+    asked = {m for r, m, _ in w.prom.queries if r == new}
+    assert P99 not in asked and TPOT in asked
+
+
+def test_a_generative_canary_within_its_token_latencies_is_promoted():
+    w = World(generation_md(maxTTFTP99Ms=300, maxTimePerOutputTokenP99Ms=50))
+    w.deploy_first()
+    new = new_generation(w, "2")
+    w.prom.values[new] = {TTFT: 120.0, TPOT: 20.0, P99: 20000.0}
+    w.reconcile()
+    w.run_for(80)
+    assert w.status["stableRevision"] == new
+    assert w.status["history"][-1]["outcome"] == "Promoted"
