@@ -30,7 +30,7 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
-SIZES: dict[str, dict[str, int]] = {
+SIZES: dict[str, dict[str, Any]] = {
     "test": {"hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 2},
     "bench": {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 6, "num_attention_heads": 8,
