@@ -130,3 +130,13 @@ def server_schema(minilm_server):
     import schemathesis
 
     return schemathesis.openapi.from_url(minilm_server.url + "/openapi.json")
+
+
+def wait(pred, timeout: float = 20.0) -> None:
+    """Poll ``pred`` every 0.1 s until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")

@@ -11,22 +11,13 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import ServerProcess
+from conftest import ServerProcess, wait
 from localcluster import genmodel
 from localcluster.promtext import sample_sum
 
 
 def metric(srv: ServerProcess, name: str, **labels: str) -> float:
     return sample_sum(httpx.get(srv.url + "/metrics", timeout=5).text, name, **labels)
-
-
-def wait(pred, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 def test_streams_disconnects_and_drain_of_a_generation_server(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ServerProcess, free_port
+from conftest import ServerProcess, free_port, wait
 from localcluster.promtext import sample_sum
 
 RESULTS = ("agree", "disagree", "error", "timeout", "dropped")
@@ -28,15 +28,6 @@ def counts(stable: ServerProcess, revision: str) -> dict[str, float]:
 def active(stable: ServerProcess, revision: str) -> bool:
     text = httpx.get(stable.url + "/metrics", timeout=5).text
     return sample_sum(text, "modelserver_shadow_active", shadow_revision=revision) == 1
-
-
-def wait(pred, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 def infer(stable: ServerProcess, n: int) -> list[str]:
