@@ -114,6 +114,11 @@ class Record:
             return "connection_error"
         return "http_4xx" if 400 <= self.code < 500 else "http_5xx"
 
+    @property
+    def sent(self) -> float:
+        """When the request was sent (``t`` is when its answer, or error, came)."""
+        return self.t - self.latency
+
 
 class LoadGenerator:
     """Bounded closed-loop load: ``workers`` threads, each with a pause between requests (``pause`` may

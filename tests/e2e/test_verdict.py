@@ -124,6 +124,8 @@ def test_a_revision_that_answers_404_to_every_client_is_rolled_back(
     failed = [r for r in rollout if r.kind != "ok"]
     kinds = {(r.kind, r.code, r.revision, r.error) for r in failed}
     when = sorted({(round(r.t - decided, 2), r.kind) for r in failed if r.kind != "http_4xx"})
+    # in full on stdout (pytest cuts a long assertion message): the data plane at the first ENETUNREACH
+    print("failures:", kinds, "\nnot 4xx, s after the decision:", when, "\ndiagnostics:", load.diagnostics)
     assert failed and all(r.kind == "http_4xx" and r.code == 404 and r.revision == v2 for r in failed), (
         kinds,
         when[:20],  # seconds after the decision
