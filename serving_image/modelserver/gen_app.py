@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import re
 import time
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import gen_openai as oa
 from .errors import InvalidInput, NotFound, ServerError
@@ -30,6 +34,41 @@ from .metrics import CONTENT_TYPE, Metrics
 log = logging.getLogger("modelserver.generation")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+#: as on encoder servers (modelserver.app): who answered, and the request's id
+REVISION_HEADER = b"x-modeldeploy-revision"
+_ID_OK = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def _body_doc(kind: type) -> dict[str, Any]:
+    """``openapi_extra`` of a route that reads its JSON body itself: the body's schema by reference."""
+    ref = {"$ref": f"#/components/schemas/{kind.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+class ResponseIds:
+    """Pure ASGI middleware: every answer carries the revision header (``MODELDEPLOY_REVISION``, set by the
+    operator) and ``x-request-id`` (the caller's when printable ASCII of at most 128 characters)."""
+
+    def __init__(self, app: ASGIApp, revision: str) -> None:
+        self.app = app
+        self.revision = [(REVISION_HEADER, revision.encode())] if _ID_OK.match(revision) else []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = next(
+            (v for k, v in scope["headers"] if k == b"x-request-id" and _ID_OK.match(v.decode("latin-1"))),
+            uuid.uuid4().hex.encode(),
+        )
+        added = [(b"x-request-id", rid), *self.revision]
+
+        async def send_with_ids(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message["headers"], *added]
+            await send(message)
+
+        await self.app(scope, receive, send_with_ids)
 
 
 def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> Response:
@@ -64,14 +103,33 @@ class GenerationApp(FastAPI):
             metrics, lambda: engine.waiting, lambda: engine.running, engine.kv_cache_usage
         )
         self.draining = False
-        self.post("/v1/completions", summary="OpenAI completions (stream: server-sent events)")(
-            self.completions
-        )
-        self.post("/v1/chat/completions", summary="OpenAI chat completions")(self.chat_completions)
+        self.add_middleware(ResponseIds, revision=os.environ.get("MODELDEPLOY_REVISION", ""))
+        self.post(
+            "/v1/completions",
+            summary="OpenAI completions (stream: server-sent events)",
+            openapi_extra=_body_doc(oa.CompletionRequest),
+        )(self.completions)
+        self.post(
+            "/v1/chat/completions",
+            summary="OpenAI chat completions (stream: server-sent events)",
+            openapi_extra=_body_doc(oa.ChatRequest),
+        )(self.chat_completions)
         self.get("/v1/models", summary="The served model")(self.models)
         self.get("/v2/health/live")(self.live)
         self.get("/v2/health/ready")(self.ready)
         self.get("/metrics")(self.metrics_text)
+
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document plus the request schemas the generation routes refer to (they read their body
+        themselves, so FastAPI has not collected the models)."""
+        if self.openapi_schema is None:
+            doc = super().openapi()
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            for kind in (oa.CompletionRequest, oa.ChatRequest):
+                body = kind.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(body.pop("$defs", {}))
+                schemas[kind.__name__] = body
+        return self.openapi_schema  # type: ignore[return-value]
 
     # -- plain endpoints ------------------------------------------------------------------------------
     async def live(self) -> Response:

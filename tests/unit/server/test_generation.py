@@ -219,6 +219,32 @@ async def test_the_metrics_carry_ttft_tokens_and_engine_gauges(app) -> None:
     assert models["data"][0]["id"] == "tiny" and ready.status_code == 200
 
 
+async def test_answers_name_the_revision_and_the_request_id(app, monkeypatch) -> None:
+    monkeypatch.setenv("MODELDEPLOY_REVISION", "abc123")
+    model, tok = app.engine, app.tokenizer
+    named = GenerationApp(model, tok, "tiny", "1", Metrics("tiny", "1"))
+    async with client(named) as c:
+        r = await c.get("/v1/models", headers={"x-request-id": "req-7"})
+        bad = await c.post("/v1/completions", json={"model": "tiny"})
+    assert r.headers["x-modeldeploy-revision"] == "abc123" and r.headers["x-request-id"] == "req-7"
+    assert bad.status_code == 400 and bad.headers["x-modeldeploy-revision"] == "abc123"
+    assert len(bad.headers["x-request-id"]) == 32  # none given: a new one
+
+
+async def test_the_openapi_document_describes_the_request_bodies(app) -> None:
+    async with client(app) as c:
+        doc = (await c.get("/openapi.json")).json()
+    schemas = doc["components"]["schemas"]
+    for path, kind in (("/v1/completions", "CompletionRequest"), ("/v1/chat/completions", "ChatRequest")):
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{kind}"}
+        assert "max_tokens" in schemas[kind]["properties"] and schemas[kind]["additionalProperties"] is False
+    assert schemas["ChatRequest"]["properties"]["messages"]["items"] == {
+        "$ref": "#/components/schemas/ChatMessage"
+    }
+    assert "ChatMessage" in schemas and "StreamOptions" in schemas
+
+
 # -- pure parts ------------------------------------------------------------------------------------
 def test_limits_are_checked_before_admission_with_the_limit_named() -> None:
     limits = Limits(context=100, max_tokens=50, max_waiting=1)
