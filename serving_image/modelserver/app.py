@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -35,6 +36,7 @@ from starlette.routing import request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
+from . import openai_embeddings as oai_emb
 from .batching import BatchingError
 from .errors import (
     InvalidInput,
@@ -73,6 +75,8 @@ _RID_OK = re.compile(r"^[\x21-\x7e]{1,128}$")
 #: the revision this server belongs to (the operator sets MODELDEPLOY_REVISION on the server container),
 #: sent back on every response so a client behind a Service or a gateway can tell who answered
 REVISION_HEADER = b"x-modeldeploy-revision"
+#: OpenAI's embeddings route (modelserver.openai_embeddings): counted and limited as infer requests are
+EMBEDDINGS_PATH = "/v1/embeddings"
 
 
 def json_response(status: int, doc: Any, headers: Mapping[str, str] | None = None) -> Response:
@@ -176,7 +180,7 @@ class RequestContext:
         method = scope["method"]
         if method == "HEAD":
             scope = {**scope, "method": "GET"}
-        infer = method == "POST" and scope["path"].endswith("/infer")
+        infer = method == "POST" and (scope["path"].endswith("/infer") or scope["path"] == EMBEDDINGS_PATH)
         inflight = self.server.service.metrics.inflight
         if infer:
             inflight.inc()
@@ -316,6 +320,22 @@ class ModelServerApp(FastAPI):
                 openapi_extra=INFER_OPENAPI,
                 route_class_override=RawRoute,
             )
+        self.router.add_api_route(
+            EMBEDDINGS_PATH,
+            self.embeddings,
+            methods=["POST"],
+            summary="OpenAI-compatible embeddings (embedding models)",
+            responses=infer_errors,
+            openapi_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/EmbeddingRequest"}}
+                    },
+                }
+            },
+            route_class_override=RawRoute,
+        )
         get = self.add_api_route
         get("/v2/health/live", self.live, summary="Liveness", response_model=LiveResponse, responses=errors())
         get(
@@ -360,6 +380,7 @@ class ModelServerApp(FastAPI):
             schemas = doc.setdefault("components", {}).setdefault("schemas", {})
             schemas.update(body.pop("$defs", {}))
             schemas["InferenceRequest"] = body
+            schemas["EmbeddingRequest"] = oai_emb.EmbeddingRequest.model_json_schema()
         return self.openapi_schema  # type: ignore[return-value]
 
     # -- lifespan ---------------------------------------------------------------------------------------
@@ -450,6 +471,39 @@ class ModelServerApp(FastAPI):
             return Response(payload, 200, None, JSON, copy)
         headers = {"inference-header-content-length": str(hlen)}
         return Response(payload, 200, headers, "application/octet-stream", copy)
+
+    async def embeddings(self, request: Request) -> Response:
+        """OpenAI ``/v1/embeddings``: the texts as one infer request of the model's ``text`` input, under the
+        same in-flight limit, queue and batching (modelserver.openai_embeddings)."""
+        limit = self.service.settings.max_concurrent_requests
+        if self._in_flight >= limit:
+            self.service.metrics.on_reject("overloaded")
+            raise Overloaded(f"{limit} requests in flight (max_concurrent_requests)", retry_after=1.0)
+        self._in_flight += 1
+        try:
+            try:
+                doc = orjson.loads(await read_body(request.receive))
+            except orjson.JSONDecodeError as e:
+                raise InvalidInput(f"the body is not JSON: {e}") from None
+            req = oai_emb.parse(doc)
+            self._check_model(req.model, None)
+            svc = self.service
+            svc.check_admitting()
+            info = svc.model.info
+            if "embedding" not in {o.name for o in info.outputs} or "text" not in {
+                i.name for i in info.inputs
+            }:
+                raise NotFound(
+                    f"model '{self.model_name}' gives no embeddings: /v1/embeddings serves embedding models"
+                )
+            texts = np.array(req.texts(), dtype=object)
+            counts: list[int] = []
+            rid = request_id_var.get() or ""
+            outputs = await svc.infer({"text": texts}, 0, None, rid, token_counts=counts)
+            body = oai_emb.answer(self.model_name, outputs["embedding"], req.encoding_format, sum(counts))
+            return json_response(200, body)
+        finally:
+            self._in_flight -= 1
 
     # -- typed routes -----------------------------------------------------------------------------------
     async def live(self) -> Response:

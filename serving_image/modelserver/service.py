@@ -212,10 +212,14 @@ class ModelService:
         priority: int = 0,
         timeout_ms: float | None = None,
         request_id: str = "",
+        token_counts: list[int] | None = None,
     ) -> dict[str, np.ndarray]:
+        """The outputs of one request; ``token_counts``, when given, gets each item's length (tokens)."""
         self.check_admitting()
         prio = self._priority(priority)
         prepared = await self._prepare(inputs)
+        if token_counts is not None:
+            token_counts.extend(p.length for p in prepared)
         s = self.settings
         timeout = (
             min(timeout_ms if timeout_ms is not None else s.default_timeout_ms, s.max_timeout_ms) / 1000.0

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
 MAX_EXAMPLES = 40
-N_OPERATIONS = 12
+N_OPERATIONS = 13
 
 
 def operations(url: str) -> list:
@@ -32,6 +32,7 @@ def test_openapi_covers_the_protocol(minilm_server):
         "GET /metrics",
         "GET /v2/models/{model_name}/config",
         "GET /v2/models/{model_name}/stats",
+        "POST /v1/embeddings",
     ):
         assert expected in labels
     assert len(labels) == N_OPERATIONS

@@ -88,6 +88,52 @@ def test_embeddings_equal_direct_computation(client, reference_model, binary):
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
 
 
+def test_openai_embeddings_equal_direct_computation_in_floats_and_base64(minilm_server, reference_model):
+    import base64
+
+    texts = [text(n, seed=100 + n) for n in (2, 7, 30)]
+    want = reference(reference_model, texts)
+    url = minilm_server.url + "/v1/embeddings"
+    r = httpx.post(url, json={"model": "minilm", "input": texts}, timeout=60)
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert (
+        doc["object"] == "list"
+        and doc["model"] == "minilm"
+        and [d["index"] for d in doc["data"]] == [0, 1, 2]
+    )
+    np.testing.assert_allclose(np.array([d["embedding"] for d in doc["data"]]), want, atol=2e-5, rtol=1e-4)
+    # the tokens MiniLM saw, [CLS] and [SEP] included
+    tok = reference_model.tokenizer
+    assert doc["usage"]["prompt_tokens"] == sum(len(tok(t)["input_ids"]) for t in texts)
+    one = httpx.post(
+        url, json={"model": "minilm", "input": texts[0], "encoding_format": "base64"}, timeout=60
+    )
+    got = np.frombuffer(base64.b64decode(one.json()["data"][0]["embedding"]), dtype="<f4")
+    np.testing.assert_allclose(got, want[0], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("doc", "status", "named"),
+    [
+        ({"model": "minilm", "input": [1, 2, 3]}, 400, "input"),
+        ({"model": "minilm", "input": "x", "dimensions": 8}, 400, "dimensions"),
+        ({"model": "minilm", "input": []}, 400, "input"),
+        ({"model": "minilm", "input": "x", "encoding_format": "int8"}, 400, "encoding_format"),
+        ({"model": "other", "input": "x"}, 404, "other"),
+        ({"input": "x"}, 400, "model"),
+    ],
+)
+def test_openai_embeddings_refuse_what_they_cannot_serve_naming_the_field(minilm_server, doc, status, named):
+    r = httpx.post(minilm_server.url + "/v1/embeddings", json=doc, timeout=30)
+    assert r.status_code == status, r.text
+    assert named in r.json()["error"]
+    assert (
+        httpx.post(minilm_server.url + "/v1/embeddings", json={"model": "minilm", "input": "ok"}).status_code
+        == 200
+    )
+
+
 async def test_concurrent_mixed_lengths_are_batched_correctly(minilm_server, reference_model):
     rng = np.random.default_rng(7)
     lengths = [int(x) for x in rng.choice([2, 5, 9, 16, 30, 60, 120], size=40)]

@@ -284,7 +284,10 @@ async def test_openapi_is_generated_from_the_protocol_models(client):
     doc = (await client.get("/openapi.json")).json()
     schemas = doc["components"]["schemas"]
     ops = {f"{m.upper()} {p}": op for p, item in doc["paths"].items() for m, op in item.items()}
-    assert len(ops) == 12  # the hidden aliases (/v2/, versions/{v}/config|stats) are not documented
+    assert len(ops) == 13  # the hidden aliases (/v2/, versions/{v}/config|stats) are not documented
+    embeddings = ops["POST /v1/embeddings"]["requestBody"]["content"]["application/json"]["schema"]
+    assert embeddings == {"$ref": "#/components/schemas/EmbeddingRequest"}
+    assert schemas["EmbeddingRequest"]["required"] == ["model", "input"]  # as OpenAI requires them
     infer = ops["POST /v2/models/{model_name}/infer"]
     body = infer["requestBody"]["content"]["application/json"]["schema"]
     assert body == {"$ref": "#/components/schemas/InferenceRequest"}
