@@ -3,8 +3,8 @@
 Modules, by layer (operator -> reconciler -> plan -> canary -> builders -> api):
 
 * the API: :mod:`.api` (the ModelDeployment and pod specs), :mod:`.api_base` (names, patterns, the models'
-  base and CEL helpers), :mod:`.api_rollout` (``spec.rollout`` and beside it), :mod:`.api_status`;
-  :mod:`.crdgen` (the CRD YAML from them);
+  base and CEL helpers), :mod:`.api_rollout` (``spec.rollout`` and beside it), :mod:`.api_generation`
+  (``spec.generation``), :mod:`.api_status`; :mod:`.crdgen` (the CRD YAML from them);
 * pure decisions: :mod:`.builders` (desired children), :mod:`.model_storage` (the fetch init container and
   volumes), :mod:`.plan` (one reconcile's plan), :mod:`.canary` (the rollout state machine) with
   :mod:`.rollout_types`, :mod:`.rollout_context`, :mod:`.shadow_stage` and :mod:`.traffic_split`,

@@ -47,6 +47,7 @@ from .api_base import (
     default_of,
     parse_duration,
 )
+from .api_generation import GenerationSpec
 from .api_rollout import (
     AnalysisSpec,
     AutoscalingSpec,
@@ -472,6 +473,11 @@ class ModelDeploymentSpec(ApiModel):
         description="Scale spec.replicas on a serving signal through KEDA (unset: spec.replicas rules, or "
         "your own HPA on the scale subresource).",
     )
+    generation: GenerationSpec | None = Field(
+        default=None,
+        description="Sizes of the text generation engine, for spec.model.task generation only (unset: the "
+        "server's defaults).",
+    )
 
     @model_validator(mode="after")
     def _generation_has_no_shadow_stage(self) -> ModelDeploymentSpec:
@@ -481,6 +487,13 @@ class ModelDeploymentSpec(ApiModel):
                 "spec.rollout.shadow: the shadow stage does not support spec.model.task generation yet"
                 " (issue 25)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _generation_sizes_only_for_generation(self) -> ModelDeploymentSpec:
+        """The CRD's rule of the same meaning (an encoder has no generation engine to size)."""
+        if self.generation is not None and self.model.task != "generation":
+            raise ValueError("spec.generation: only for spec.model.task generation")
         return self
 
 

@@ -40,6 +40,7 @@ from kubernetes.utils import parse_quantity
 
 from . import api, model_storage
 from .api import ModelDeployment, ModelDeploymentSpec, default_image
+from .api_generation import GenerationSpec
 
 LABEL_NAME = "modeldeploy.io/name"
 LABEL_REVISION = "modeldeploy.io/revision"
@@ -226,6 +227,8 @@ def server_env(
     }
     if shadow_to:
         env["MODELSERVER_SHADOW_SERVICE"] = shadow_to
+    if m.task == "generation":
+        env.update((spec.generation or GenerationSpec()).server_env())
     if m.sha256 and source.server_checks_sha256:
         env["MODELSERVER_MODEL_SHA256"] = m.sha256
     if m.handler:

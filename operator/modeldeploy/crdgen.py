@@ -150,6 +150,12 @@ def crd_schema() -> dict[str, Any]:
                 " yet (issue 25)",
                 "reason": "FieldValueForbidden",
             },
+            {
+                "rule": "!has(self.spec.generation) || (has(self.spec.model.task)"
+                " && self.spec.model.task == 'generation')",
+                "message": "spec.generation: only for spec.model.task generation",
+                "reason": "FieldValueForbidden",
+            },
         ],
     }
 

@@ -221,6 +221,25 @@ def test_empty_buckets_let_the_server_choose():
     assert env(deployment(make_md(batching={"buckets": []})))["MODELSERVER_BUCKETS"] == "auto"
 
 
+def test_generation_sizes_reach_a_generation_server_and_an_encoder_gets_none():
+    gen = {"name": "llm", "version": "1", "uri": "file:///m", "format": "hf", "task": "generation"}
+    sized = env(deployment(make_md(model=gen, generation={"kvCacheTokens": 4096, "maxRunningSequences": 8})))
+    assert sized["MODELSERVER_KV_CACHE_TOKENS"] == "4096"
+    assert sized["MODELSERVER_MAX_RUNNING_SEQUENCES"] == "8"
+    assert sized["MODELSERVER_MAX_WAITING_SEQUENCES"] == "64"  # the server's default, said explicitly
+    assert env(deployment(make_md(model=gen)))["MODELSERVER_KV_CACHE_TOKENS"] == "16384"
+    assert not any(k.startswith("MODELSERVER_KV_") for k in env(deployment(make_md())))
+
+
+def test_generation_defaults_are_the_servers():
+    from modeldeploy.api_generation import GenerationSpec
+    from modelserver.config import Settings
+
+    server = Settings.model_fields
+    for key, value in GenerationSpec().server_env().items():
+        assert str(server[key.removeprefix("MODELSERVER_").lower()].default) == value, key
+
+
 def test_custom_handler_is_passed():
     md = make_md(model={"name": "m", "uri": "file:///m", "format": "custom", "handler": "h.py:H"})
     assert env(deployment(md))["MODELSERVER_HANDLER"] == "h.py:H"
