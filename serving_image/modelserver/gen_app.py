@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import gen_openai as oa
 from .errors import InvalidInput, NotFound, ServerError
-from .gen_engine import GenerationEngine, GenerationUnavailable, Sampling, Step
+from .gen_engine import GenerationEngine, GenerationUnavailable, Sampling, Step, schedule_of
 from .gen_metrics import GenerationMetrics
 from .metrics import CONTENT_TYPE, Metrics
 
@@ -100,8 +100,12 @@ class GenerationApp(FastAPI):
         self.model_version = model_version
         self.metrics = metrics
         self.gen = GenerationMetrics(
-            metrics, lambda: engine.waiting, lambda: engine.running, engine.kv_cache_usage
+            metrics,
+            lambda: engine.waiting,
+            lambda: engine.running,
+            engine.kv_cache_usage,
         )
+        engine.gate.on_preemption = self.gen.preemptions.inc
         self.draining = False
         self.add_middleware(ResponseIds, revision=os.environ.get("MODELDEPLOY_REVISION", ""))
         self.post(
@@ -194,7 +198,8 @@ class GenerationApp(FastAPI):
                 else oa.DEFAULT_MAX_TOKENS
             )
             sampling = req.sampling(max_tokens)
-            steps = self.engine.stream(prompt, sampling)
+            priority, timeout_s = schedule_of(limits, req.priority, req.timeout_ms)
+            steps = self.engine.stream(prompt, sampling, priority, timeout_s)
             first = await anext(steps)  # admission errors surface here, before any byte is sent
         except ServerError as e:
             if e.status == 503 and e.retry_after is None:

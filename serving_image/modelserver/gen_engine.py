@@ -20,8 +20,9 @@ is the benchmark the issue asks for and is not written yet). What it lacks, this
   sampled requests and is refused there (greedy needs none).
 * **Counts** for the metrics: waiting (admitted, no token yet) and running sequences, KV cache use.
 
-Not yet: priorities and deadlines (the encoder queue's), preemption by priority -- the manager schedules
-first-come first-served and offloads to CPU when the cache is full.
+* **Priorities, deadlines and preemption by recompute** (modelserver.gen_schedule): the manager schedules
+  first-come first-served, so this engine hands it at most ``max_running`` sequences at a time, chosen by
+  a :class:`~modelserver.gen_schedule.Gate`.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import InvalidInput, ServerError
+from .gen_schedule import Gate, Seat
 
 log = logging.getLogger("modelserver.generation")
 
@@ -67,6 +69,10 @@ class Limits:
     context: int  # prompt + generated tokens, at most (the model's positions, and the KV cache)
     max_tokens: int  # generated tokens per request, at most
     max_waiting: int  # sequences admitted and not yet started, at most
+    max_running: int = 32  # sequences the manager runs at once (the gate's places)
+    priority_levels: int = 3  # priorities 1 (the highest) .. this, as the encoder queue's
+    default_priority: int = 2  # of requests that do not set one
+    max_timeout_s: float = 60.0  # a request's timeout_ms, capped
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,16 @@ class Step:
     reason: str | None = None
 
 
+def schedule_of(limits: Limits, priority: int, timeout_ms: float | None) -> tuple[int, float | None]:
+    """(priority, seconds to wait for a place) of a request's ``priority`` (0: the default) and
+    ``timeout_ms`` (capped), or :class:`InvalidInput` naming the field (pure)."""
+    p = priority or limits.default_priority
+    if not 1 <= p <= limits.priority_levels:
+        raise InvalidInput(f"priority: 1 (the highest) .. {limits.priority_levels}, or 0 for the default")
+    timeout = None if timeout_ms is None else min(timeout_ms / 1000.0, limits.max_timeout_s)
+    return p, timeout
+
+
 def check(limits: Limits, prompt_tokens: int, max_tokens: int) -> None:
     """Refuse, naming the limit, what could not be served (pure)."""
     if prompt_tokens == 0:
@@ -109,13 +125,22 @@ def check(limits: Limits, prompt_tokens: int, max_tokens: int) -> None:
         )
 
 
-class GenerationEngine:
-    """One ``ContinuousBatchingManager`` for one model; :meth:`stream` per request, on the event loop."""
+#: put in a stream's queue when its seat is asked to yield (modelserver.gen_schedule)
+_PREEMPTED = object()
 
-    def __init__(self, manager: Any, limits: Limits, eos_token_id: int | list[int] | None) -> None:
+
+class GenerationEngine:
+    """One ``ContinuousBatchingManager`` for one model; :meth:`stream` per request, on the event loop.
+    A :class:`~modelserver.gen_schedule.Gate` of ``limits.max_running`` places decides which sequences the
+    manager runs (priorities, deadlines, preemption by recompute)."""
+
+    def __init__(
+        self, manager: Any, limits: Limits, eos_token_id: int | list[int] | None, aging_s: float = 0.1
+    ) -> None:
         self.manager = manager
         self.limits = limits
         self.eos_token_id = eos_token_id
+        self.gate = Gate(limits.max_running, aging_s)
         self.waiting = 0
         self.running = 0
         self._ids = itertools.count()
@@ -136,20 +161,58 @@ class GenerationEngine:
         if self.waiting >= self.limits.max_waiting:
             raise GenerationQueueFull(self.waiting)
 
-    async def stream(self, prompt: list[int], sampling: Sampling) -> AsyncGenerator[Step, None]:
-        """The new tokens of ``prompt``'s answer, step by step. Leaving early cancels the sequence."""
+    async def stream(
+        self, prompt: list[int], sampling: Sampling, priority: int = 1, timeout_s: float | None = None
+    ) -> AsyncGenerator[Step, None]:
+        """The new tokens of ``prompt``'s answer, step by step. Leaving early cancels the sequence.
+        ``priority`` 1 is the highest; ``timeout_s`` bounds the wait for a place (504), not the answer."""
         self.admit(len(prompt), sampling)
+        seat = self.gate.seat(priority, timeout_s)
+        self.waiting += 1
+        started = False
+        generated: list[int] = []
+        try:
+            await self.gate.enter(seat)
+            while True:
+                attempt = self._attempt(seat, prompt + generated, sampling, len(generated))
+                async with contextlib.aclosing(attempt):  # an early end cancels the sequence at once
+                    async for new, finished in attempt:
+                        if not started and (new or finished):
+                            started = True
+                            self.waiting -= 1
+                            self.running += 1
+                        generated += new
+                        if new or finished:
+                            reason = None
+                            if finished:
+                                reason = "length" if len(generated) >= sampling.max_tokens else "stop"
+                            yield Step(new, finished, reason)
+                        if finished:
+                            return
+                await self.gate.yield_place(seat)  # preempted: wait for a place again, then go on
+        finally:
+            self.gate.leave(seat)
+            if started:
+                self.running -= 1
+            else:
+                self.waiting -= 1
+
+    async def _attempt(
+        self, seat: Seat, tokens: list[int], sampling: Sampling, done: int
+    ) -> AsyncGenerator[tuple[list[int], bool], None]:
+        """One run of the sequence in the manager, from ``tokens`` (the prompt and the ``done`` tokens
+        already sent): (new tokens, finished) until it finishes or its seat is asked to yield."""
         rid = f"g{next(self._ids)}"
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self.manager.register_result_handler(rid, queue.put_nowait)
-        self.waiting += 1
-        started = finished = False
+        seat.on_preempt = lambda: queue.put_nowait(_PREEMPTED)
+        finished = False
         sent = 0
         try:
             added = self.manager.add_request(
-                prompt,
+                tokens,
                 request_id=rid,
-                max_new_tokens=sampling.max_tokens,
+                max_new_tokens=sampling.max_tokens - done,
                 streaming=True,
                 eos_token_id=self.eos_token_id,
                 **sampling.processor_kwargs(),
@@ -158,25 +221,16 @@ class GenerationEngine:
                 raise GenerationUnavailable("the generation engine refused the request (its loop stopped)")
             while not finished:
                 out = await queue.get()
+                if out is _PREEMPTED:
+                    return
                 if out.error:
                     raise ServerError(f"generation failed: {out.error}")
-                tokens = list(out.generated_tokens)
+                tokens_now = list(out.generated_tokens)
                 finished = out.is_finished()
-                if not started and (tokens or finished):
-                    started = True
-                    self.waiting -= 1
-                    self.running += 1
-                new, sent = tokens[sent:], len(tokens)
-                if new or finished:
-                    reason = None
-                    if finished:
-                        reason = "length" if len(tokens) >= sampling.max_tokens else "stop"
-                    yield Step(new, finished, reason)
+                new, sent = tokens_now[sent:], len(tokens_now)
+                yield new, finished
         finally:
-            if started:
-                self.running -= 1
-            else:
-                self.waiting -= 1
+            seat.on_preempt = None
             if not finished:
                 self._cancel(rid)
 

@@ -71,6 +71,12 @@ class GenerationMetrics:
         Gauge(
             "modelserver_generation_requests_waiting", "Sequences admitted, no token yet", labels, registry=r
         ).labels(*lv).set_function(waiting)
+        self.preemptions = Counter(
+            "modelserver_generation_preemptions",
+            "Sequences that yielded their place to a higher priority and were recomputed",
+            labels,
+            registry=r,
+        ).labels(*lv)
         Gauge(
             "modelserver_generation_kv_cache_usage_ratio",
             "Share of the KV cache in use (0..1)",

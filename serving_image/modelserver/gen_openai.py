@@ -6,6 +6,10 @@
 ``n`` (1 only). Any other field is refused with 400 naming it (a field we would silently ignore --
 ``logprobs``, ``presence_penalty`` -- would change what the user gets without telling them).
 
+This server's own fields: ``priority`` (1 is the highest, 0 the server's default; the encoders'
+``parameters.priority``) and ``timeout_ms`` (how long the request may wait for a place in the engine:
+504 past it; a stream that has started is never cut by it). modelserver.gen_schedule says what they do.
+
 ``seed``: the engine seeds one generator for all sequences, so a seed cannot make a *sampled* answer
 reproducible; with ``temperature`` > 0 a ``seed`` is refused (400), with ``temperature`` 0 (greedy, always
 reproducible) it is accepted and changes nothing.
@@ -43,6 +47,11 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=1, description="one answer per request")
     user: str | None = None
+    # this server's own (the encoder parameters' names and meaning, not vLLM's "lower runs first")
+    priority: int = Field(0, ge=0, description="1 is the highest; 0: the server's default")
+    timeout_ms: float | None = Field(
+        None, gt=0, description="the longest wait for a place in the engine (504 past it), not for the answer"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> _Common:

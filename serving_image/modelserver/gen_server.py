@@ -80,11 +80,18 @@ def load(settings: Settings) -> tuple[GenerationEngine, object]:
         context=context,
         max_tokens=min(settings.max_new_tokens, context - 1),
         max_waiting=settings.max_waiting_sequences,
+        max_running=settings.max_running_sequences,
+        priority_levels=settings.priority_levels,
+        default_priority=settings.default_priority,
+        max_timeout_s=settings.max_timeout_ms / 1000.0,
     )
     log.info(
         "generation model loaded", extra={"path": str(path), "device": device, "s": time.monotonic() - t0}
     )
-    return GenerationEngine(manager, limits, model.generation_config.eos_token_id), tokenizer
+    engine = GenerationEngine(
+        manager, limits, model.generation_config.eos_token_id, settings.aging_ms / 1000.0
+    )
+    return engine, tokenizer
 
 
 async def serve_generation(settings: Settings) -> int:

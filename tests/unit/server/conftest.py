@@ -6,6 +6,7 @@ import asyncio
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -66,3 +67,22 @@ def make_item(clock: FakeClock) -> Callable[..., WorkItem]:
         )
 
     return make
+
+
+# -- text generation (test_generation.py, test_gen_schedule.py) ----------------------------------------------
+@pytest.fixture(scope="module")
+def gen_model_dir() -> Path:
+    from localcluster import genmodel
+
+    return genmodel.cached(seed=0, size="test")
+
+
+@pytest.fixture(scope="module")
+def loaded(gen_model_dir: Path) -> Any:
+    """The small Llama of localcluster.genmodel and its tokenizer, on one torch thread."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(gen_model_dir, attn_implementation="sdpa")
+    return model, AutoTokenizer.from_pretrained(gen_model_dir)

@@ -7,33 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from localcluster import genmodel
 from localcluster.promtext import sample_sum
 from modelserver import gen_openai as oa
 from modelserver.errors import InvalidInput
 from modelserver.gen_app import GenerationApp
 from modelserver.gen_engine import GenerationEngine, Limits, Sampling, build_manager, check
 from modelserver.metrics import Metrics
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    return genmodel.cached(seed=0, size="test")
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dir: Path) -> Any:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa")
-    return model, AutoTokenizer.from_pretrained(model_dir)
 
 
 @pytest.fixture
