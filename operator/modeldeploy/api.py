@@ -443,6 +443,12 @@ class BatchingSpec(ApiModel):
         return self
 
 
+#: autoscaling signals only one kind of server exports
+ENCODER_AUTOSCALING_METRICS = ("queueWaitP90", "queueDepth")
+GENERATION_AUTOSCALING_METRICS = ("waitingSequences", "kvCacheUsage")
+GEN_METRICS_HINT = "for task generation use concurrency, requestRate, waitingSequences or kvCacheUsage"
+
+
 class ModelDeploymentSpec(ApiModel):
     """Desired state of a ModelDeployment."""
 
@@ -487,6 +493,20 @@ class ModelDeploymentSpec(ApiModel):
                 "spec.rollout.shadow: the shadow stage does not support spec.model.task generation yet"
                 " (issue 25)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _autoscaling_metric_of_the_task(self) -> ModelDeploymentSpec:
+        """The CRD's rules of the same meaning: each server exports its own signals (modelserver.metrics,
+        modelserver.gen_metrics); a metric the pods do not export would read 0 and never scale out."""
+        metric = self.autoscaling.metric if self.autoscaling else None
+        generation = self.model.task == "generation"
+        if generation and metric in ENCODER_AUTOSCALING_METRICS:
+            raise ValueError(
+                f"spec.autoscaling.metric: {metric} is an encoder's batching queue; {GEN_METRICS_HINT}"
+            )
+        if not generation and metric in GENERATION_AUTOSCALING_METRICS:
+            raise ValueError(f"spec.autoscaling.metric: {metric} only for spec.model.task generation")
         return self
 
     @model_validator(mode="after")

@@ -358,14 +358,20 @@ class AutoscalingSpec(ApiModel):
 
     min_replicas: int = Field(default=1, ge=1, le=1000, description="Never fewer serving pods.")
     max_replicas: int = Field(ge=1, le=1000, description="Never more serving pods.")
-    metric: Literal["concurrency", "queueWaitP90", "queueDepth", "requestRate"] = Field(
+    metric: Literal[
+        "concurrency", "queueWaitP90", "queueDepth", "requestRate", "waitingSequences", "kvCacheUsage"
+    ] = Field(
         default="concurrency",
-        description="concurrency: requests in the server (queued or running) per pod; queueWaitP90: the 90th "
-        "percentile of the batching queue wait (seconds, all pods); queueDepth: items waiting per pod; "
-        "requestRate: requests per second per pod.",
+        description="concurrency: requests in the server (queued or running; for task generation the "
+        "sequences running or waiting) per pod; queueWaitP90: the 90th percentile of the batching queue "
+        "wait (seconds, all pods); queueDepth: items waiting per pod; requestRate: requests per second per "
+        "pod; waitingSequences (task generation): sequences admitted and not started, per pod; "
+        "kvCacheUsage (task generation): the mean share of the KV cache in use, 0..1.",
     )
     target: float = Field(
-        gt=0, description="The value per pod (queueDepth, requestRate) or overall (queueWaitP90) to hold."
+        gt=0,
+        description="The value per pod (concurrency, queueDepth, requestRate, waitingSequences) or overall "
+        "(queueWaitP90 in seconds, kvCacheUsage as a share at most 1) to hold.",
     )
     window: Duration = Field(default="1m", description="The rate window of queueWaitP90 and requestRate.")
     polling_interval: Duration = Field(default="15s", description="How often KEDA reads the metric.")
@@ -386,7 +392,12 @@ class AutoscalingSpec(ApiModel):
                 "self.minReplicas <= self.maxReplicas",
                 "spec.autoscaling.minReplicas must not exceed maxReplicas",
                 ".minReplicas",
-            )
+            ),
+            cel_rule(
+                "!has(self.metric) || self.metric != 'kvCacheUsage' || self.target <= 1.0",
+                "spec.autoscaling.target: kvCacheUsage is a share of the KV cache, at most 1",
+                ".target",
+            ),
         )
     )
 
@@ -394,6 +405,8 @@ class AutoscalingSpec(ApiModel):
     def _bounds(self) -> AutoscalingSpec:
         if self.min_replicas > self.max_replicas:
             raise ValueError("spec.autoscaling.minReplicas must not exceed maxReplicas")
+        if self.metric == "kvCacheUsage" and self.target > 1:
+            raise ValueError("spec.autoscaling.target: kvCacheUsage is a share of the KV cache, at most 1")
         return self
 
     @field_validator("polling_interval", "window")

@@ -15,6 +15,15 @@ ModelDeployment (warm pods wait for nothing, so they do not dilute the signal):
   (the HPA scales by ``current x p90 / target``);
 * ``queueDepth``: items waiting, per pod -- an ``AverageValue`` target (``ceil(total / target)`` pods);
 * ``requestRate``: requests per second over ``window``, per pod -- an ``AverageValue`` target.
+
+A generation server (``task: generation``) has no batching queue; its signals are the engine's
+(modelserver.gen_metrics, vLLM's ``num_requests_running``/``_waiting`` and ``kv_cache_usage_perc``):
+
+* ``concurrency``: sequences running or waiting, per pod -- requests in the server, as for encoders;
+* ``waitingSequences``: sequences admitted and not started (the engine is full), per pod --
+  ``AverageValue``;
+* ``kvCacheUsage``: the mean share of the KV cache in use over the pods -- a ``Value`` target (the HPA
+  scales by ``current x usage / target``, as for a utilisation).
 """
 
 from __future__ import annotations
@@ -41,8 +50,19 @@ def query(md: ModelDeployment, spec: AutoscalingSpec) -> tuple[str, str]:
         q = f"histogram_quantile(0.9, sum by (le) ({rate}))"
         # no traffic: NaN; KEDA treats a NaN as an error -- the empty queue waits 0 s
         return f"({q}) or vector(0)", "Value"
+    generation = md.spec.model.task == "generation"
+    if spec.metric == "concurrency" and generation:
+        running, waiting = (
+            "modelserver_generation_requests_running",
+            "modelserver_generation_requests_waiting",
+        )
+        return f"(sum({running}{{{sel}}}) + sum({waiting}{{{sel}}})) or vector(0)", "AverageValue"
     if spec.metric == "concurrency":
         return f"sum(modelserver_inflight_requests{{{sel}}}) or vector(0)", "AverageValue"
+    if spec.metric == "waitingSequences":
+        return f"sum(modelserver_generation_requests_waiting{{{sel}}}) or vector(0)", "AverageValue"
+    if spec.metric == "kvCacheUsage":
+        return f"avg(modelserver_generation_kv_cache_usage_ratio{{{sel}}}) or vector(0)", "Value"
     if spec.metric == "queueDepth":
         return f"sum(modelserver_queue_depth{{{sel}}}) or vector(0)", "AverageValue"
     return f"sum(rate(modelserver_requests_total{{{sel}}}[{win}])) or vector(0)", "AverageValue"

@@ -113,6 +113,10 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _cel_list(items: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{i}'" for i in items) + "]"
+
+
 def model_schema(model: type[api.BaseModel]) -> dict[str, Any]:
     """The structural OpenAPI v3 schema of a pydantic model."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
@@ -148,6 +152,22 @@ def crd_schema() -> dict[str, Any]:
                 " && has(self.spec.model.task) && self.spec.model.task == 'generation')",
                 "message": "spec.rollout.shadow: the shadow stage does not support spec.model.task generation"
                 " yet (issue 25)",
+                "reason": "FieldValueForbidden",
+            },
+            {
+                "rule": "!(has(self.spec.autoscaling) && has(self.spec.autoscaling.metric)"
+                " && self.spec.autoscaling.metric in " + _cel_list(api.ENCODER_AUTOSCALING_METRICS) + ")"
+                " || !has(self.spec.model.task) || self.spec.model.task != 'generation'",
+                "message": "spec.autoscaling.metric: queueWaitP90 and queueDepth are an encoder's batching "
+                "queue; " + api.GEN_METRICS_HINT,
+                "reason": "FieldValueForbidden",
+            },
+            {
+                "rule": "!(has(self.spec.autoscaling) && has(self.spec.autoscaling.metric)"
+                " && self.spec.autoscaling.metric in " + _cel_list(api.GENERATION_AUTOSCALING_METRICS) + ")"
+                " || (has(self.spec.model.task) && self.spec.model.task == 'generation')",
+                "message": "spec.autoscaling.metric: waitingSequences and kvCacheUsage only for "
+                "spec.model.task generation",
                 "reason": "FieldValueForbidden",
             },
             {

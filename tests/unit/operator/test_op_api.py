@@ -150,6 +150,7 @@ _REPAIRS: dict[str, Any] = {
     "spec.model.handler": "handler.py:Model",
     "spec.rollout.trafficRouting.gatewayAPI": {"parentRefs": [{"name": "gw"}]},
     "spec.model.storage.secretRef.name": "s3-credentials",
+    "spec.autoscaling.target": 0.8,
 }
 
 

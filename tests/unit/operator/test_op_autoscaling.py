@@ -125,3 +125,61 @@ def test_hpa_scaling_during_a_canary_keeps_the_weight_within_one_pod():
         assert achieved == w.status["achievedCanaryWeight"]
         assert achieved is not None and abs(achieved - weight) <= 100 / (c_in + s_in)  # within one pod
         assert w.status["servingReplicas"] == replicas
+
+
+def gen_md(**autoscaling) -> ModelDeployment:
+    body = canary_md()
+    body["spec"]["model"]["task"] = "generation"
+    body["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 4, **autoscaling}
+    return ModelDeployment.from_api(body)
+
+
+@pytest.mark.parametrize(
+    ("metric", "series", "kind"),
+    [
+        # a generation server has no batching queue: requests in it are its sequences, running or waiting
+        ("concurrency", "modelserver_generation_requests_running", "AverageValue"),
+        ("waitingSequences", "modelserver_generation_requests_waiting", "AverageValue"),
+        # a utilisation: the HPA scales by current x mean usage / target
+        ("kvCacheUsage", "avg(modelserver_generation_kv_cache_usage_ratio", "Value"),
+        ("requestRate", "modelserver_requests_total", "AverageValue"),
+    ],
+)
+def test_a_generation_deployment_scales_on_the_engine_signals_its_pods_export(metric, series, kind):
+    m = gen_md(metric=metric, target=0.8)
+    assert m.spec.autoscaling is not None
+    q, metric_type = autoscaling.query(m, m.spec.autoscaling)
+    assert series in q and metric_type == kind, q
+    assert "modelserver_inflight_requests" not in q  # the generation server does not export it
+    assert q.endswith("or vector(0)")
+
+
+def test_concurrency_of_a_generation_deployment_counts_waiting_sequences_too():
+    m = gen_md(target=4)
+    assert m.spec.autoscaling is not None
+    q, _ = autoscaling.query(m, m.spec.autoscaling)
+    assert "modelserver_generation_requests_waiting" in q and "modelserver_generation_requests_running" in q
+
+
+@pytest.mark.parametrize(
+    ("task", "metric", "message"),
+    [
+        ("generation", "queueDepth", "queueDepth is an encoder's batching queue"),
+        ("generation", "queueWaitP90", "queueWaitP90 is an encoder's batching queue"),
+        ("embedding", "waitingSequences", "waitingSequences only for spec.model.task generation"),
+        ("embedding", "kvCacheUsage", "kvCacheUsage only for spec.model.task generation"),
+    ],
+)
+def test_a_signal_the_pods_do_not_export_is_refused_naming_the_field(task, metric, message):
+    body = canary_md()
+    body["spec"]["model"]["task"] = task
+    body["spec"]["autoscaling"] = {"maxReplicas": 4, "metric": metric, "target": 0.5}
+    with pytest.raises(ValidationError, match=f"spec.autoscaling.metric: {message}"):
+        ModelDeployment.from_api(body)
+
+
+def test_a_kv_cache_target_is_a_share_at_most_1():
+    with pytest.raises(ValidationError, match="kvCacheUsage is a share of the KV cache, at most 1"):
+        AutoscalingSpec.model_validate({"maxReplicas": 2, "metric": "kvCacheUsage", "target": 80})
+    full = AutoscalingSpec.model_validate({"maxReplicas": 2, "metric": "kvCacheUsage", "target": 1})
+    assert full.target == 1
