@@ -10,7 +10,7 @@ PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 nftables deps test test-setup binaries-niced checks-without-binaries \
         test-cluster system-packages test-unit test-integration test-e2e lint lint-code lint-chart \
-        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-operator bench-canary bench-storage bench-chaos crds e2e-kind shellcheck clean
+        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-generate bench-operator bench-canary bench-storage bench-chaos crds e2e-kind shellcheck clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
@@ -19,6 +19,7 @@ help:
 	@echo "make cluster-up / cluster-down   the local Kubernetes cluster alone"
 	@echo "make bench-serving / bench-operator / bench-canary   benchmarks (results under bench/results/)"
 	@echo "make bench-serving-shadow   only the shadow-copy cost section of bench-serving"
+	@echo "make bench-generate  text generation: modelserver vs transformers serve (CB and naive) vs the decode limit"
 	@echo "make bench-storage   model fetch from the local S3 vs plain boto3; pod-Ready cold vs node cache"
 	@echo "make bench-chaos     fault injection on the local cluster: what clients saw, time to resume"
 	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
@@ -128,6 +129,11 @@ bench-serving: venv
 # the shadow mirror's cost alone (also part of bench-serving)
 bench-serving-shadow: venv
 	$(PY) -m bench.serving_shadow
+
+# text generation vs transformers serve (its openai and accelerate dependencies are installed here, for the bench only)
+bench-generate: venv
+	$(PY) -m pip install --quiet "openai==3.60.0" "accelerate==1.15.0"
+	$(PY) -m bench.generate
 
 bench-operator: deps
 	$(PY) -m bench.operator

@@ -1,0 +1,401 @@
+"""Text generation throughput and latency (``make bench-generate``), written to bench/results/generate.json
+and generate.md with the commit and the machine's load.
+
+Same model files (localcluster.genmodel ``size="bench"``: a 25.6 M-parameter Llama, random weights, seed 0),
+same prompts (token lengths 16-512, output 16-256, both skewed: lognormal, clipped), greedy decoding, the
+same closed-loop clients (``concurrency`` streams at a time, each the next request of one fixed list),
+against, in one run:
+
+* ``modelserver`` -- this server's generation path (``python -m modelserver --task generation``:
+  transformers' ContinuousBatchingManager behind modelserver.gen_engine's admission, modelserver.gen_app);
+* ``transformers-serve`` -- the library's own server, ``transformers serve --continuous-batching`` with
+  the same KV cache (blocks of 32 tokens, 16384 tokens) and per-step token budget (512);
+* ``naive`` -- ``transformers serve`` without continuous batching: ``generate()`` per request;
+* ``limit`` -- the model's batched decode step alone, no server: ``generate()`` on a batch of
+  ``concurrency`` equal prompts, decode tokens per second (the 64-token run less the 1-token run).
+
+Every server runs on one CPU (``taskset``, one torch thread), the clients on the others. Streams use the
+OpenAI ``/v1/completions`` API with ``stream: true``; a client measures TTFT (sent -> first text event),
+the gaps between text events (inter-token) and the output tokens of each answer (``usage``, else the
+tokenizer's count of the text). Output tokens/s = the answers' tokens / the run's makespan.
+
+Overload (``modelserver`` only): 4x more concurrent streams than it admits (running + waiting sequences):
+what they got (200, 429 with ``Retry-After``, 503), whether the server lived, its peak RSS against the KV
+cache's budget.
+
+Targets (issue 25), at concurrency 32: output tokens/s >= 1.5x transformers-serve and >= 5x naive, TTFT p99
+no worse than transformers-serve's; >= 70 % of the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench.serving import HOST, RESULTS, Proc, log
+
+CONCURRENCY = (1, 8, 32, 64)
+KV_TOKENS, PAGE, BATCH_TOKENS, RUNNING, WAITING = 16384, 32, 512, 32, 64
+
+
+def commit() -> str:
+    res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    return res.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(xs, q)), 4) if xs else None
+
+
+# -- the workload ----------------------------------------------------------------------------------
+
+
+def workload(tokenizer: Any, n: int, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` requests: a prompt of 16-512 tokens (lognormal, median 64) cut from local text, and
+    ``max_tokens`` 16-256 (lognormal, median 40)."""
+    from localcluster.genmodel import corpus_files
+
+    text = "".join(Path(f).read_text(errors="replace") for f in corpus_files(300_000))
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        plen = int(min(512, max(16, rnd.lognormvariate(math.log(64), 0.9))))
+        olen = int(min(256, max(16, rnd.lognormvariate(math.log(40), 0.7))))
+        start = rnd.randrange(0, len(ids) - plen)
+        out.append({"prompt": tokenizer.decode(ids[start : start + plen]), "max_tokens": olen})
+    return out
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], count: Any) -> dict[str, Any]:
+    sent = time.monotonic()
+    rec: dict[str, Any] = {"code": 0, "ttft": None, "gaps": [], "tokens": 0, "retry_after": None}
+    last = None
+    text = ""
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as resp:
+            rec["code"] = resp.status_code
+            rec["retry_after"] = resp.headers.get("retry-after")
+            if resp.status_code != 200:
+                await resp.aread()
+                return rec
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                doc = json.loads(line[6:])
+                if "error" in doc:
+                    rec["code"] = -1
+                    break
+                if doc.get("usage"):
+                    rec["tokens"] = int(doc["usage"]["completion_tokens"])
+                piece = (doc.get("choices") or [{}])[0].get("text") or ""
+                if piece:
+                    now = time.monotonic()
+                    if last is None:
+                        rec["ttft"] = now - sent
+                    else:
+                        rec["gaps"].append(now - last)
+                    last = now
+                    text += piece
+    except httpx.HTTPError as exc:
+        rec["code"], rec["error"] = 0, f"{type(exc).__name__}: {exc}"
+    if rec["code"] == 200 and not rec["tokens"]:
+        rec["tokens"] = count(text)
+    return rec
+
+
+async def closed_loop(
+    url: str, requests: list[dict[str, Any]], concurrency: int, extra: dict[str, Any], count: Any
+):
+    """Each of ``concurrency`` clients takes the next request of the list until none is left."""
+    queue = list(reversed(requests))
+    recs: list[dict[str, Any]] = []
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+
+        async def worker() -> None:
+            while queue:
+                r = queue.pop()
+                body = {"model": "bench-llama", **r, "temperature": 0, "stream": True, **extra}
+                recs.append(await one_stream(client, url, body, count))
+
+        t0 = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        makespan = time.monotonic() - t0
+    return recs, makespan
+
+
+def summary(recs: list[dict[str, Any]], makespan: float) -> dict[str, Any]:
+    ok = [r for r in recs if r["code"] == 200]
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    gaps = [g for r in ok for g in r["gaps"]]
+    tokens = sum(r["tokens"] for r in ok)
+    return {
+        "requests": len(recs),
+        "ok": len(ok),
+        "output_tokens": tokens,
+        "makespan_s": round(makespan, 2),
+        "output_tokens_per_s": round(tokens / makespan, 1),
+        "ttft_p50_s": pct(ttft, 50),
+        "ttft_p99_s": pct(ttft, 99),
+        "inter_token_p99_s": pct(gaps, 99),
+    }
+
+
+# -- the servers -----------------------------------------------------------------------------------
+
+
+class Server(Proc):
+    """A server process on one CPU with one torch thread; ``ready`` is its health path."""
+
+    def __init__(self, args: list[str], name: str, log_dir: Path, cpu: str, ready: str) -> None:
+        os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"})
+        super().__init__(args, name, log_dir, cpus=cpu)
+        self.ready_path = ready
+        self.url = f"http://{HOST}:{self.port}"
+
+    def wait(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + self.ready_path, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} not ready: {self.log_path.read_text()[-2000:]}")
+
+    def rss_peak_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+
+def modelserver_args(model: Path) -> list[str]:
+    return [
+        "-m", "modelserver", "--model-uri", f"file://{model}", "--model-name", "bench-llama",
+        "--task", "generation", "--host", HOST, "--port", "{port}", "--num-threads", "1",
+        "--kv-cache-tokens", str(KV_TOKENS), "--kv-page-size", str(PAGE),
+        "--max-batch-tokens", str(BATCH_TOKENS), "--max-running-sequences", str(RUNNING),
+        "--max-waiting-sequences", str(WAITING), "--max-new-tokens", "512", "--log-level", "warning",
+    ]  # fmt: skip
+
+
+def tserve_args(model: Path, cb: bool) -> list[str]:
+    args = ["-m", "transformers.cli.transformers", "serve", str(model), "--device", "cpu",
+            "--dtype", "float32", "--host", HOST, "--port", "{port}", "--log-level", "error"]  # fmt: skip
+    if cb:
+        args += ["--continuous-batching", "--cb-block-size", str(PAGE), "--cb-num-blocks",
+                 str(KV_TOKENS // PAGE), "--cb-max-batch-tokens", str(BATCH_TOKENS)]  # fmt: skip
+    return args
+
+
+# -- the limit -------------------------------------------------------------------------------------
+
+
+def decode_limit(model_dir: Path, batch: int, prompt_tokens: int = 64, new: int = 64) -> float:
+    """Decode tokens/s of ``generate()`` on a batch of ``batch`` equal prompts (one thread): the 64-token
+    run less the 1-token run (its prefill)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    ids = torch.randint(10, 3000, (batch, prompt_tokens), generator=torch.Generator().manual_seed(0))
+    kw = {"do_sample": False, "pad_token_id": model.generation_config.pad_token_id}
+
+    def timed(n: int) -> float:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        return time.perf_counter() - t0
+
+    timed(2)  # warm-up
+    return batch * (new - 1) / (timed(new) - timed(1))
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+def run_server(server: Server, requests: list[dict[str, Any]], levels: tuple[int, ...], extra: dict[str, Any],
+               count: Any) -> dict[str, Any]:  # fmt: skip
+    server.wait()
+    asyncio.run(closed_loop(server.url, requests[:4], 2, extra, count))  # warm-up
+    out: dict[str, Any] = {}
+    for c in levels:
+        n = max(8, min(2 * c, 96))
+        recs, makespan = asyncio.run(closed_loop(server.url, requests[:n], c, extra, count))
+        out[str(c)] = summary(recs, makespan)
+        log(f"{server.name} concurrency {c}: {out[str(c)]}")
+    return out
+
+
+def overload(server: Server, requests: list[dict[str, Any]], count: Any) -> dict[str, Any]:
+    clients = 4 * (RUNNING + WAITING)
+    small = [{**r, "max_tokens": 32} for r in (requests * 8)[:clients]]
+    recs, makespan = asyncio.run(
+        closed_loop(server.url, small, clients, {"stream_options": {"include_usage": True}}, count)
+    )
+    codes: dict[str, int] = {}
+    for r in recs:
+        codes[str(r["code"])] = codes.get(str(r["code"]), 0) + 1
+    refused = [r for r in recs if r["code"] in (429, 503)]
+    alive = (
+        server.proc.poll() is None
+        and httpx.get(server.url + "/v2/health/ready", timeout=5).status_code == 200
+    )
+    return {
+        "clients": clients,
+        "codes": codes,
+        "refused_with_retry_after": sum(1 for r in refused if r["retry_after"]),
+        "refused": len(refused),
+        "makespan_s": round(makespan, 2),
+        "alive_after": alive,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.generate")
+    p.add_argument("--levels", default=",".join(map(str, CONCURRENCY)))
+    p.add_argument(
+        "--skip-tserve", action="store_true", help="without transformers serve (no openai package)"
+    )
+    args = p.parse_args(argv)
+    levels = tuple(int(x) for x in args.levels.split(","))
+    from localcluster import genmodel
+    from transformers import AutoTokenizer
+
+    model = genmodel.cached(seed=0, size="bench")
+    tok = AutoTokenizer.from_pretrained(model)
+    requests = workload(tok, 128)
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    cpu = str((os.cpu_count() or 1) - 1)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    res: dict[str, Any] = {"commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+    logs = Path(tempfile.mkdtemp(prefix="bench-generate-"))
+    ours = Server(modelserver_args(model), "modelserver", logs, cpu, "/v2/health/ready")
+    try:
+        res["modelserver"] = run_server(
+            ours, requests, levels, {"stream_options": {"include_usage": True}}, count
+        )
+        idle_rss = ours.rss_peak_mb()
+        res["overload"] = {**overload(ours, requests, count), "rss_peak_mb_before": round(idle_rss, 1),
+                           "rss_peak_mb_after": round(ours.rss_peak_mb(), 1)}  # fmt: skip
+        log(f"overload: {res['overload']}")
+    finally:
+        ours.stop()
+    if not args.skip_tserve:
+        for name, cb, lv in (
+            ("transformers-serve", True, levels),
+            ("naive", False, tuple(c for c in levels if c <= 32)),
+        ):
+            srv = Server(tserve_args(model, cb), name, logs, cpu, "/health")
+            try:
+                # transformers serve is pinned to the model it was started with: it refuses another name
+                res[name] = run_server(srv, requests, lv, {"model": str(model)}, count)
+            finally:
+                srv.stop()
+    pin = ["taskset", "-c", cpu]
+    limit = {}
+    for c in levels:
+        code = (
+            "from bench.generate import decode_limit; from pathlib import Path; "
+            f"print(decode_limit(Path('{model}'), {c}))"
+        )
+        out = subprocess.run([*pin, sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        limit[str(c)] = round(float(out.stdout.strip().splitlines()[-1]), 1)
+        log(f"limit batch {c}: {limit[str(c)]} tok/s")
+    res["limit_decode_tokens_per_s"] = limit
+    res["machine"] = {
+        "cpus": os.cpu_count(),
+        "cpu_model": platform.processor() or platform.machine(),
+        "loadavg_before": load_before,
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "server_cpu": cpu,
+        "kv_cache_budget_mb": round(KV_TOKENS * kv_bytes_per_token(model) / 2**20, 1),
+    }
+    res["ratios"] = ratios(res)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "generate.json").write_text(json.dumps(res, indent=2, sort_keys=True))
+    (RESULTS / "generate.md").write_text(markdown(res))
+    print(markdown(res))
+    return 0
+
+
+def kv_bytes_per_token(model: Path) -> int:
+    c = json.loads((model / "config.json").read_text())
+    head = c["hidden_size"] // c["num_attention_heads"]
+    return int(c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head * 4)
+
+
+def ratios(res: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    ours = res.get("modelserver", {})
+    for c, s in ours.items():
+        r: dict[str, Any] = {}
+        for other in ("transformers-serve", "naive"):
+            o = res.get(other, {}).get(c)
+            if o and o["output_tokens_per_s"]:
+                r[f"tokens_per_s_vs_{other}"] = round(s["output_tokens_per_s"] / o["output_tokens_per_s"], 2)
+                if o["ttft_p99_s"] and s["ttft_p99_s"]:
+                    r[f"ttft_p99_vs_{other}"] = round(s["ttft_p99_s"] / o["ttft_p99_s"], 2)
+        lim = res.get("limit_decode_tokens_per_s", {}).get(c)
+        if lim:
+            r["share_of_limit"] = round(s["output_tokens_per_s"] / lim, 2)
+        out[c] = r
+    return out
+
+
+def markdown(res: dict[str, Any]) -> str:
+    m = res["machine"]
+    lines = [
+        "# bench-generate",
+        "",
+        f"Commit {res['commit']}, {res['date']}. {m['cpus']} CPUs ({m['cpu_model']}); every server on CPU "
+        f"{m['server_cpu']} with one torch thread; load average before/after {m['loadavg_before']} / "
+        f"{m['loadavg_after']}. Model: localcluster.genmodel size bench (25.6 M parameters), greedy; "
+        f"KV cache {KV_TOKENS} tokens ({m['kv_cache_budget_mb']} MiB), {BATCH_TOKENS} tokens per step. "
+        "Written by `make bench-generate` (bench/generate.py).",
+        "",
+        "| server | concurrency | requests | output tok/s | TTFT p50 / p99 s | inter-token p99 s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in ("modelserver", "transformers-serve", "naive"):
+        for c, s in res.get(name, {}).items():
+            lines.append(
+                f"| {name} | {c} | {s['ok']}/{s['requests']} | {s['output_tokens_per_s']} | "
+                f"{s['ttft_p50_s']} / {s['ttft_p99_s']} | {s['inter_token_p99_s']} |"
+            )
+    lines += [
+        "",
+        "Limit (batched decode alone, tok/s): " + json.dumps(res.get("limit_decode_tokens_per_s")),
+        "",
+    ]
+    lines += ["Ratios of modelserver (same run): ", "", "```", json.dumps(res["ratios"], indent=1), "```", ""]
+    lines += ["Overload (modelserver): ", "", "```", json.dumps(res.get("overload"), indent=1), "```", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
