@@ -203,6 +203,8 @@ class GenerationEngine:
     ) -> AsyncGenerator[tuple[list[int], bool], None]:
         """One run of the sequence in the manager, from ``tokens`` (the prompt and the ``done`` tokens
         already sent): (new tokens, finished) until it finishes or its seat is asked to yield."""
+        if seat.asked_to_yield:  # chosen as a victim between its admission and this attempt
+            return
         rid = f"g{next(self._ids)}"
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self.manager.register_result_handler(rid, queue.put_nowait)
