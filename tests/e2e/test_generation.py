@@ -23,8 +23,10 @@ from .gen_support import Stream, StreamLoad, stream_once
 
 NAME = "writer"
 MODEL = "tiny-llama"
-#: the canary's p99 time to first token, at most: between the small model's and the big one's (printed)
-MAX_TTFT_P99_MS = 150
+#: the canary's p99 time to first token, at most: between the small model's and the big one's (printed).
+#: On a bucket boundary of the server's TTFT histogram: Prometheus interpolates within a bucket, so a limit
+#: inside one (150 ms, in 0.1-0.25 s) read the same big model as 243 ms in one run and 99 ms in another.
+MAX_TTFT_P99_MS = 100
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -153,7 +155,9 @@ def test_a_revision_with_a_slower_first_token_is_rolled_back_on_ttft_and_no_stre
     kube.apply(gen_md("1"), ns)
     v1 = until_healthy_on(kube, ns, "1")
     genmodel.cached(seed=0, size="bench")  # built before the clock starts
-    load = StreamLoad(service_url(kube.api, ns, NAME), MODEL, workers=3, prompt_words=40).wait_serving()
+    # prompts of ~100 words: the big model's prefill puts its first token well past 100 ms (~60 words gave a
+    # median of 76 ms, its p99 on either side of 100 ms by run), the small model's stays well under
+    load = StreamLoad(service_url(kube.api, ns, NAME), MODEL, workers=3, prompt_words=100).wait_serving()
     load.start()
     start = time.monotonic()
     try:
@@ -219,3 +223,4 @@ def test_a_revision_with_the_same_weights_is_promoted_and_no_stream_is_cut(
     assert all(s.finish_reason in ("length", "stop") for s in streams)
     for p, by_revision in answers.items():
         assert len(set().union(*by_revision.values())) == 1, (p, by_revision)
+
