@@ -36,7 +36,8 @@ carries over from discovery (``modeldeploy_io_name``, ``modeldeploy_io_revision`
 The shadow stage (:func:`build_shadow_queries`) judges the shadow revision by ``shadow-samples`` (compared
 requests; fewer than ``minSamples`` is *no data*), ``agreement`` (min ``minAgreement``),
 ``shadow-error-rate`` (copies answered with an error or not at all, max ``maxErrorRate``), the shadow
-server's own ``p99-latency-ms`` (max ``maxP99LatencyMs``), and reports ``shadow-dropped`` (copies the
+server's own ``p99-latency-ms`` (max ``maxP99LatencyMs``; for ``task: generation`` its ``ttft-p99-ms`` and
+``tpot-p99-ms`` where set, a copy being a whole answer), and reports ``shadow-dropped`` (copies the
 stable's bounded queue dropped: our capacity, not the shadow's fault) without judging it.
 """
 
@@ -161,21 +162,35 @@ def build_shadow_queries(
     revision: str,
     interval: str,
     min_samples: float | None = None,
+    generation: bool = False,
 ) -> list[Query]:
     """The queries that judge the shadow ``revision`` over the last ``interval`` (pure).
-    ``min_samples`` defaults to ``shadow.minSamples`` (a shorter window than the whole stage scales it)."""
+    ``min_samples`` defaults to ``shadow.minSamples`` (a shorter window than the whole stage scales it).
+    ``generation``: the shadow's time to first token and per output token (when set) instead of its
+    request p99 -- a copy is a whole answer, as long as its text."""
     win = window(interval)
     compared, agreement = agreement_queries(namespace, name, revision, win)
     failed = _copies(namespace, name, revision, "error|timeout", win)
     sent = _copies(namespace, name, revision, "agree|disagree|error|timeout", win)
     need = float(shadow.min_samples if min_samples is None else min_samples)
+    latency = (
+        _generation_latency(spec, namespace, name, revision, win)
+        if generation
+        else [
+            Query(
+                P99,
+                p99_query(namespace, name, revision, win),
+                float(spec.max_p99_latency_ms),
+                "max",
+                revision,
+            )
+        ]
+    )
     return [
         Query(SAMPLES, compared, need, "min", revision),
         Query(AGREEMENT, agreement, shadow.min_agreement, "min", revision),
         Query(SHADOW_ERROR_RATE, f"({failed} or vector(0)) / {sent}", spec.max_error_rate, "max", revision),
-        Query(
-            P99, p99_query(namespace, name, revision, win), float(spec.max_p99_latency_ms), "max", revision
-        ),
+        *latency,
         Query(
             SHADOW_DROPPED, _copies(namespace, name, revision, "dropped", win), None, "max", revision, True
         ),

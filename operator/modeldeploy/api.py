@@ -443,6 +443,9 @@ class BatchingSpec(ApiModel):
         return self
 
 
+#: how a generation server's shadow copies are compared (modelserver.gen_shadow)
+GENERATION_COMPARE_METHODS = ("auto", "exact", "tokenAgreement")
+GEN_COMPARE_HINT = "for task generation use exact or tokenAgreement (auto: tokenAgreement)"
 #: autoscaling signals only one kind of server exports
 ENCODER_AUTOSCALING_METRICS = ("queueWaitP90", "queueDepth")
 GENERATION_AUTOSCALING_METRICS = ("waitingSequences", "kvCacheUsage")
@@ -486,12 +489,20 @@ class ModelDeploymentSpec(ApiModel):
     )
 
     @model_validator(mode="after")
-    def _generation_has_no_shadow_stage(self) -> ModelDeploymentSpec:
-        """The CRD's rule of the same meaning, for objects that did not pass the apiserver (tests)."""
-        if self.model.task == "generation" and self.rollout.shadow is not None:
+    def _shadow_compare_of_the_task(self) -> ModelDeploymentSpec:
+        """The CRD's rules of the same meaning: a generation server compares answers by their text or
+        tokens (modelserver.gen_shadow), an encoder compares tensors (modelserver.compare)."""
+        shadow = self.rollout.shadow
+        if shadow is None:
+            return self
+        method = shadow.compare.method
+        if self.model.task == "generation" and method not in GENERATION_COMPARE_METHODS:
             raise ValueError(
-                "spec.rollout.shadow: the shadow stage does not support spec.model.task generation yet"
-                " (issue 25)"
+                f"spec.rollout.shadow.compare.method: {method} compares tensors; {GEN_COMPARE_HINT}"
+            )
+        if self.model.task != "generation" and method == "tokenAgreement":
+            raise ValueError(
+                "spec.rollout.shadow.compare.method: tokenAgreement only for spec.model.task generation"
             )
         return self
 

@@ -196,15 +196,23 @@ class AnalysisSpec(ApiModel):
 class CompareSpec(ApiModel):
     """How a shadow's output and the stable's are said to agree (per request; every output must agree)."""
 
-    method: Literal["auto", "cosine", "argmax", "allclose", "exact"] = Field(
+    method: Literal["auto", "cosine", "argmax", "allclose", "exact", "tokenAgreement"] = Field(
         default="auto",
         description="auto: integer/bool/bytes -> exact; a classification model's scores -> argmax; other "
-        "float tensors of rank >= 2 -> cosine per row, rank < 2 -> allclose. A custom handler's "
-        "compare(a, b) wins over any method.",
+        "float tensors of rank >= 2 -> cosine per row, rank < 2 -> allclose; task generation -> "
+        "tokenAgreement. A custom handler's compare(a, b) wins over any method. For task generation only "
+        "auto, exact (the same text) and tokenAgreement.",
     )
     min_cosine: float = Field(default=0.99, ge=-1, le=1, description="cosine: the lowest row's minimum.")
     rtol: float = Field(default=1.0e-3, ge=0, le=1, description="allclose: relative tolerance.")
     atol: float = Field(default=1.0e-5, ge=0, description="allclose: absolute tolerance.")
+    min_token_agreement: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="tokenAgreement: the share of positions holding the same token, up to the shorter of the "
+        "two greedy answers, for a copy to agree.",
+    )
 
 
 class ShadowSpec(ApiModel):

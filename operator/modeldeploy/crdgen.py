@@ -146,12 +146,22 @@ def crd_schema() -> dict[str, Any]:
                 "reason": "FieldValueInvalid",
             },
             {
-                # the shadow stage compares encoder outputs (modelserver.shadow); a generation server
-                # has no mirror yet, so a shadow stage would wait for copies that never come
+                # a generation server compares answers (modelserver.gen_shadow), an encoder tensors
                 "rule": "!(has(self.spec.rollout) && has(self.spec.rollout.shadow)"
-                " && has(self.spec.model.task) && self.spec.model.task == 'generation')",
-                "message": "spec.rollout.shadow: the shadow stage does not support spec.model.task generation"
-                " yet (issue 25)",
+                " && has(self.spec.rollout.shadow.compare) && has(self.spec.rollout.shadow.compare.method)"
+                " && has(self.spec.model.task) && self.spec.model.task == 'generation')"
+                " || self.spec.rollout.shadow.compare.method in " + _cel_list(api.GENERATION_COMPARE_METHODS),
+                "message": "spec.rollout.shadow.compare.method: cosine, argmax and allclose compare tensors; "
+                + api.GEN_COMPARE_HINT,
+                "reason": "FieldValueForbidden",
+            },
+            {
+                "rule": "!(has(self.spec.rollout) && has(self.spec.rollout.shadow)"
+                " && has(self.spec.rollout.shadow.compare) && has(self.spec.rollout.shadow.compare.method)"
+                " && self.spec.rollout.shadow.compare.method == 'tokenAgreement')"
+                " || (has(self.spec.model.task) && self.spec.model.task == 'generation')",
+                "message": "spec.rollout.shadow.compare.method: tokenAgreement only for spec.model.task "
+                "generation",
                 "reason": "FieldValueForbidden",
             },
             {

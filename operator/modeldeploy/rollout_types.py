@@ -102,6 +102,7 @@ class AnalysisRequest:
                 revision=self.revision,
                 interval=self.interval,
                 min_samples=self.min_samples,
+                generation=md.spec.model.task == "generation",
             )
         return build_queries(
             ro.analysis,
@@ -154,7 +155,13 @@ class Mirror:
             "revision": self.target,
             "sampleRate": self.sample_rate,
             "timeoutMs": self.timeout_ms,
-            "compare": {"method": c.method, "minCosine": c.min_cosine, "rtol": c.rtol, "atol": c.atol},
+            "compare": {
+                "method": c.method,
+                "minCosine": c.min_cosine,
+                "rtol": c.rtol,
+                "atol": c.atol,
+                "minTokenAgreement": c.min_token_agreement,
+            },
         }
         return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 

@@ -23,8 +23,9 @@ from typing import Literal
 
 import numpy as np
 
-Method = Literal["auto", "cosine", "argmax", "allclose", "exact"]
-METHODS: tuple[Method, ...] = ("auto", "cosine", "argmax", "allclose", "exact")
+#: ``tokenAgreement`` compares generated answers (modelserver.gen_shadow); on tensors it is ``exact``
+Method = Literal["auto", "cosine", "argmax", "allclose", "exact", "tokenAgreement"]
+METHODS: tuple[Method, ...] = ("auto", "cosine", "argmax", "allclose", "exact", "tokenAgreement")
 
 Outputs = Mapping[str, np.ndarray]
 #: a custom handler's ``compare(a, b) -> bool``: the stable's outputs, the shadow's outputs
@@ -37,6 +38,7 @@ class CompareSpec:
     min_cosine: float = 0.99
     rtol: float = 1.0e-3
     atol: float = 1.0e-5
+    min_token_agreement: float = 0.9  # tokenAgreement: matching share of the shorter answer's tokens
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -115,6 +117,8 @@ def _as_bytes(v: object) -> bytes:
 
 def method_for(arr: np.ndarray, method: Method, classification: bool) -> Method:
     """The method ``auto`` stands for on this output."""
+    if method == "tokenAgreement":
+        return "exact"
     if method != "auto":
         return method
     if not _is_float(arr):

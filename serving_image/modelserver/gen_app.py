@@ -18,6 +18,8 @@ import re
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -29,6 +31,7 @@ from . import gen_openai as oa
 from .errors import InvalidInput, NotFound, ServerError
 from .gen_engine import GenerationEngine, GenerationUnavailable, Sampling, Step, schedule_of
 from .gen_metrics import GenerationMetrics
+from .gen_shadow import GenerationMirror
 from .metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("modelserver.generation")
@@ -62,6 +65,7 @@ class ResponseIds:
             uuid.uuid4().hex.encode(),
         )
         added = [(b"x-request-id", rid), *self.revision]
+        scope.setdefault("state", {})["request_id"] = rid.decode("latin-1")  # the shadow copy carries it
 
         async def send_with_ids(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -92,8 +96,12 @@ class GenerationApp(FastAPI):
         model_name: str,
         model_version: str,
         metrics: Metrics,
+        mirror: GenerationMirror | None = None,
+        shadow_file: str = "",
     ) -> None:
-        super().__init__(title="modelserver (generation)", version=model_version)
+        super().__init__(title="modelserver (generation)", version=model_version, lifespan=self._lifespan)
+        self.mirror = mirror
+        self.shadow_file = shadow_file
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -155,6 +163,28 @@ class GenerationApp(FastAPI):
         }
         return _json(200, {"object": "list", "data": [card]})
 
+    @asynccontextmanager
+    async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Follow the shadow file while serving (modelserver.gen_shadow); send what is queued at the end."""
+        task = None
+        if self.mirror is not None and self.shadow_file:
+            task = asyncio.get_running_loop().create_task(self.mirror.watch(Path(self.shadow_file)))
+        yield
+        if task is not None:
+            task.cancel()
+        if self.mirror is not None:
+            await self.mirror.drain()
+            await self.mirror.close()
+
+    def _shadow_offer(self, request: Request, req: Any, sampling: Sampling) -> Callable[[str], None] | None:
+        """What to call with a complete answer to copy it to the shadow, if this request is copied."""
+        mirror = self.mirror
+        if mirror is None or not mirror.active or not sampling.greedy:
+            return None
+        path, doc, n = request.url.path, req.model_dump(), sampling.max_tokens
+        rid = str(getattr(request.state, "request_id", ""))
+        return lambda text: mirror.offer_answer(path, doc, n, text, rid)
+
     # -- generation ----------------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
         return await self._serve(request, oa.CompletionRequest, self._completion_prompt, chat=False)
@@ -209,6 +239,7 @@ class GenerationApp(FastAPI):
         self.gen.ttft.observe(time.monotonic() - t0)
         self.gen.prompt_tokens.inc(len(prompt))
         run = _Run(self, t0, prompt, sampling, req.stops(), first, steps)
+        run.on_answer = self._shadow_offer(request, req, sampling)
         rid = oa.new_id("chatcmpl" if chat else "cmpl")
         if not req.stream:
             text, reason, n = await run.collect()
@@ -233,6 +264,7 @@ class _Run:
         self.text = oa.TextAssembler(lambda ids: app.tokenizer.decode(ids, skip_special_tokens=True), stops)
         self.generated = 0
         self.reason: str | None = None
+        self.on_answer: Callable[[str], None] | None = None  # given the whole text of a complete answer
         self._last = time.monotonic()
 
     async def pieces(self) -> AsyncIterator[str]:
@@ -257,6 +289,8 @@ class _Run:
                     self.reason = step.reason
                     break
                 step = await anext(self.steps, None)
+            if self.reason is not None and self.on_answer is not None:
+                self.on_answer(self.text.sent)
         finally:
             await self.steps.aclose()  # an early end cancels the sequence (frees its cache blocks)
             gen.finished[self.reason or "abort"].inc()

@@ -101,7 +101,23 @@ async def serve_generation(settings: Settings) -> int:
 
     engine, tokenizer = await asyncio.to_thread(load, settings)
     metrics = Metrics(settings.model_name, settings.model_version)
-    app = GenerationApp(engine, tokenizer, settings.model_name, settings.model_version, metrics)
+    mirror = None
+    if settings.shadow_file:
+        from .gen_shadow import GenerationMirror
+
+        def tokenize(text: str) -> list[int]:
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+
+        mirror = GenerationMirror(settings.model_name, metrics, tokenize, service=settings.shadow_service)
+    app = GenerationApp(
+        engine,
+        tokenizer,
+        settings.model_name,
+        settings.model_version,
+        metrics,
+        mirror=mirror,
+        shadow_file=settings.shadow_file,
+    )
     server = uvicorn_server(app, settings)
     loop = asyncio.get_running_loop()
     drain_limit = settings.drain_timeout_s or settings.max_timeout_ms / 1000.0 + 5.0

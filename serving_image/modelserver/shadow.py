@@ -169,6 +169,7 @@ class MirrorConfig:
                 min_cosine=float(c.get("minCosine", 0.99)),
                 rtol=float(c.get("rtol", 1.0e-3)),
                 atol=float(c.get("atol", 1.0e-5)),
+                min_token_agreement=float(c.get("minTokenAgreement", 0.9)),
             )
         except MirrorConfigError:
             raise
@@ -216,7 +217,8 @@ class ShadowMirror:
             post = self._aiohttp = AiohttpPost(concurrency)
         self._post: Post = post
         self.config: MirrorConfig | None = None
-        self._queue: asyncio.Queue[Copy] = asyncio.Queue(maxsize=queue_size)
+        # Copy, or a subclass's own kind of copy (modelserver.gen_shadow.AnswerCopy), which its send() takes
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=queue_size)
         self._workers: list[asyncio.Task[None]] = []
         self._children: dict[str, tuple[dict[str, Any], Any, Any]] = {}
         self._disagreements = 0

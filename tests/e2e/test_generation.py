@@ -1,8 +1,10 @@
 """Text generation end to end (issue 25) on the local cluster: a ``task: generation`` ModelDeployment of a
 small Llama built offline (localcluster.genmodel) streams OpenAI completions through kube-proxy and
 through the Gateway (Traefik), token by token; a revision whose first token comes later is rolled back
-on ``ttft-p99-ms``; a revision with the same weights is promoted; and every stream open while a revision
-leaves traffic either finishes (``[DONE]``) or is counted by its client as failed -- none is cut.
+on ``ttft-p99-ms``; a revision with the same weights is promoted; a revision with other weights is caught
+in the shadow stage (its greedy answers disagree with the stable's) before any user gets an answer from
+it; and every stream open while a revision leaves traffic either finishes (``[DONE]``) or is counted by
+its client as failed -- none is cut.
 
 The slow revision is a real, bigger model (``size="bench"``: 25.6 M parameters against 1.4 M, 6 layers
 against 2), not an injected delay: its prefill of the clients' ~60-token prompts takes several times as
@@ -224,3 +226,46 @@ def test_a_revision_with_the_same_weights_is_promoted_and_no_stream_is_cut(
     for p, by_revision in answers.items():
         assert len(set().union(*by_revision.values())) == 1, (p, by_revision)
 
+
+#: every greedy answer copied, judged after 20 s on at least 20 compared answers
+SHADOW = {
+    "duration": "20s",
+    "sampleRate": 1.0,
+    "minSamples": 20,
+    "minAgreement": 0.9,
+    "compare": {"method": "tokenAgreement", "minTokenAgreement": 0.9},
+}
+
+
+def test_a_revision_with_other_weights_is_caught_in_the_shadow_stage_and_no_user_gets_its_answer(
+    kube: Kube, operator: Any, namespace: str
+) -> None:
+    ns = namespace
+    kube.apply(gen_md("1", shadow=SHADOW), ns)
+    v1 = until_healthy_on(kube, ns, "1")
+    genmodel.cached(seed=1, size="test")  # built before the clock starts
+    prompts = [f"prompt {i}: the stable revision answers" for i in range(6)]
+    url = service_url(kube.api, ns, NAME)
+    load = StreamLoad(url, MODEL, workers=3, max_tokens=32, prompts=prompts).wait_serving()
+    load.start()
+    start = time.monotonic()
+    try:
+        kube.apply(gen_md("2-other", seed=1, shadow=SHADOW), ns)
+        v2 = new_revision(kube, ns, v1)
+        h = outcome_of(kube, ns, v2, "RolledBack", timeout=240)
+        decided = time.monotonic()
+        time.sleep(3)
+    finally:
+        load.stop()
+    streams = load.snapshot(start)
+    m = h["measurement"]
+    print(
+        f"rolled back {decided - start:.1f}s after v2 was applied on {m}; streams {load.by_kind()} "
+        f"{load.by_revision(start)}"
+    )
+    assert "shadow stage failed" in h["reason"]
+    assert m["metric"] == "agreement" and m["value"] < SHADOW["minAgreement"], m
+    assert md_status(kube, ns, NAME)["stableRevision"] == v1
+    # what clients saw: every stream finished, every one on v1
+    assert not failures(streams), failures(streams)[:10]
+    assert set(load.by_revision(start)) == {v1}, load.by_revision(start)

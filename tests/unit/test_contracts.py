@@ -24,7 +24,7 @@ def test_the_shadow_target_the_operator_writes_is_the_one_the_server_reads() -> 
             "spec": {"model": {"name": "minilm", "version": "1", "uri": "file:///m"}},
         }
     )
-    compare = CompareSpec(method="cosine", min_cosine=0.97, rtol=0.01, atol=0.002)
+    compare = CompareSpec(method="cosine", min_cosine=0.97, rtol=0.01, atol=0.002, min_token_agreement=0.85)
     target = spec_revision(md.spec)
     mirror = Mirror(source="r1", target=target, sample_rate=0.25, timeout_ms=1500.0, compare=compare)
     # the pod's MODELSERVER_SHADOW_SERVICE (from the pod template) and its annotation (from the plan)
@@ -40,7 +40,13 @@ def test_the_shadow_target_the_operator_writes_is_the_one_the_server_reads() -> 
         1.5,
     )
     c = got.compare
-    assert (c.method, c.min_cosine, c.rtol, c.atol) == ("cosine", 0.97, 0.01, 0.002)
+    assert (c.method, c.min_cosine, c.rtol, c.atol, c.min_token_agreement) == (
+        "cosine",
+        0.97,
+        0.01,
+        0.002,
+        0.85,
+    )
 
 
 def test_the_fetch_failure_reasons_the_operator_knows_are_the_ones_the_fetch_writes() -> None:

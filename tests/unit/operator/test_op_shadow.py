@@ -5,6 +5,7 @@ the in-memory apiserver, a fake clock and a fake Prometheus (md_canary.py). No s
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from md_canary import World, canary_md
@@ -70,7 +71,9 @@ def test_a_revision_that_agrees_shadows_out_of_traffic_then_goes_through_the_ste
     assert targets == {f"http://minilm-{new}.default.svc.cluster.local:8080"}
     doc = json.loads(annotations(w, old)[0])
     assert (doc["revision"], doc["sampleRate"], doc["timeoutMs"]) == (new, 0.2, 5000.0)
-    assert doc["compare"] == {"method": "auto", "minCosine": 0.99, "rtol": 0.001, "atol": 1e-05}
+    assert doc["compare"] == {
+        "method": "auto", "minCosine": 0.99, "rtol": 0.001, "atol": 1e-05, "minTokenAgreement": 0.9,
+    }  # fmt: skip
     assert annotations(w, new) == [None]
     assert st["shadow"]["startedAt"] and st["shadow"]["copyingPods"] == 2
 
@@ -361,3 +364,69 @@ def test_shadow_queries_read_the_stable_servers_copy_counts_of_that_revision():
     )
     assert 'modeldeploy_io_revision="r2"' in qs[P99].promql and qs[P99].threshold == 300
     assert qs[SHADOW_DROPPED].threshold is None and qs[SHADOW_DROPPED].optional
+
+
+def generation_world(**shadow: Any) -> World:
+    body = canary_md(shadow={**SHADOW, "compare": {"method": "tokenAgreement"}, **shadow})
+    body["spec"]["model"]["task"] = "generation"
+    body["spec"]["rollout"]["analysis"] = {"maxTTFTP99Ms": 400}
+    return World(body)
+
+
+def test_a_generative_revision_that_writes_otherwise_is_rolled_back_in_the_shadow_stage():
+    w = generation_world()
+    old = w.deploy_first()
+    model = {"name": "tiny-llama", "version": "2", "uri": "file:///models/llama", "task": "generation"}
+    new = w.edit(model=model)
+    w.prom.values[new] = {AGREEMENT: 0.1}
+    w.reconcile()
+    watch = Watch(w, new)
+    watch.run_for(4)
+    # the stable servers are told to compare by tokens
+    told = [json.loads(a) for a in annotations(w, old) if a]
+    assert told and all(t["compare"]["method"] == "tokenAgreement" for t in told), told
+    watch.run_for(36)
+    st = w.status
+    assert st["stableRevision"] == old and watch.max_in_traffic == 0
+    h = st["history"][-1]
+    assert (h["revision"], h["outcome"], h["measurement"]["metric"]) == (new, "RolledBack", AGREEMENT)
+    assert "agreement" in h["reason"] and h["measurement"]["value"] == 0.1
+
+
+def test_the_stable_generation_servers_are_told_to_compare_tokens_with_the_threshold():
+    mirror = Mirror("r1", "r2", 0.2, 5000.0, CompareSpec(method="tokenAgreement", min_token_agreement=0.8))
+    doc = json.loads(mirror.to_annotation("http://m-r2.ns.svc.cluster.local:8080"))
+    assert doc["compare"]["method"] == "tokenAgreement" and doc["compare"]["minTokenAgreement"] == 0.8
+
+
+def test_a_generative_shadow_is_judged_by_first_token_latency_not_request_latency():
+    from modeldeploy.analysis import TTFT, build_shadow_queries
+    from modeldeploy.api import AnalysisSpec
+
+    spec = ShadowSpec(duration="5m")
+    analysis = AnalysisSpec(max_ttft_p99_ms=400)
+    kw: dict[str, Any] = {"namespace": "ns", "name": "m", "revision": "r2", "interval": "5m"}
+    gen = {q.metric: q for q in build_shadow_queries(spec, analysis, generation=True, **kw)}
+    assert P99 not in gen and gen[TTFT].threshold == 400
+    assert "modelserver_generation_time_to_first_token_seconds_bucket" in gen[TTFT].promql
+    assert P99 in {q.metric for q in build_shadow_queries(spec, analysis, **kw)}
+
+
+@pytest.mark.parametrize(
+    ("task", "method", "message"),
+    [
+        ("generation", "cosine", "cosine compares tensors; for task generation use exact or tokenAgreement"),
+        ("generation", "allclose", "allclose compares tensors"),
+        ("embedding", "tokenAgreement", "tokenAgreement only for spec.model.task generation"),
+    ],
+)
+def test_a_comparison_the_tasks_server_cannot_make_is_refused_naming_the_field(task, method, message):
+    from modeldeploy.api import ModelDeployment
+    from pydantic import ValidationError
+
+    body = canary_md(shadow={**SHADOW, "compare": {"method": method}})
+    body["spec"]["model"]["task"] = task
+    with pytest.raises(ValidationError, match=f"spec.rollout.shadow.compare.method: {message}"):
+        ModelDeployment.from_api(body)
+    body["spec"]["rollout"]["shadow"]["compare"]["method"] = "auto"
+    assert ModelDeployment.from_api(body).spec.rollout.shadow is not None  # auto is the task's own method
