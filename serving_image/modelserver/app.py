@@ -17,9 +17,9 @@ import os
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -421,18 +421,24 @@ class ModelServerApp(FastAPI):
     async def infer_version(self, request: Request, model_name: str, model_version: str) -> Response:
         return await self._infer(request, model_name, model_version)
 
-    async def _infer(self, request: Request, name: str, version: str | None) -> Response:
-        """One infer request, counted against ``max_concurrent_requests`` from its first byte read to
-        its answer: beyond the limit a 503 with ``Retry-After`` before anything is read or decoded."""
+    @contextmanager
+    def _in_flight_slot(self) -> Iterator[None]:
+        """One request counted against ``max_concurrent_requests`` from its first byte read to its
+        answer: beyond the limit a 503 with ``Retry-After`` before anything is read or decoded."""
         limit = self.service.settings.max_concurrent_requests
         if self._in_flight >= limit:
             self.service.metrics.on_reject("overloaded")
             raise Overloaded(f"{limit} requests in flight (max_concurrent_requests)", retry_after=1.0)
         self._in_flight += 1
         try:
-            return await self._infer_admitted(request, name, version)
+            yield
         finally:
             self._in_flight -= 1
+
+    async def _infer(self, request: Request, name: str, version: str | None) -> Response:
+        """One infer request, under the in-flight limit (:meth:`_in_flight_slot`)."""
+        with self._in_flight_slot():
+            return await self._infer_admitted(request, name, version)
 
     async def _infer_admitted(self, request: Request, name: str, version: str | None) -> Response:
         svc = self.service
@@ -475,12 +481,7 @@ class ModelServerApp(FastAPI):
     async def embeddings(self, request: Request) -> Response:
         """OpenAI ``/v1/embeddings``: the texts as one infer request of the model's ``text`` input, under the
         same in-flight limit, queue and batching (modelserver.openai_embeddings)."""
-        limit = self.service.settings.max_concurrent_requests
-        if self._in_flight >= limit:
-            self.service.metrics.on_reject("overloaded")
-            raise Overloaded(f"{limit} requests in flight (max_concurrent_requests)", retry_after=1.0)
-        self._in_flight += 1
-        try:
+        with self._in_flight_slot():
             try:
                 doc = orjson.loads(await read_body(request.receive))
             except orjson.JSONDecodeError as e:
@@ -502,8 +503,6 @@ class ModelServerApp(FastAPI):
             outputs = await svc.infer({"text": texts}, 0, None, rid, token_counts=counts)
             body = oai_emb.answer(self.model_name, outputs["embedding"], req.encoding_format, sum(counts))
             return json_response(200, body)
-        finally:
-            self._in_flight -= 1
 
     # -- typed routes -----------------------------------------------------------------------------------
     async def live(self) -> Response:

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from .shadow import SHADOW_HEADER, MirrorConfig, ShadowMirror
@@ -104,21 +103,12 @@ class GenerationMirror(ShadowMirror):
     async def send(self, copy: Any) -> str:
         """Send one copy, compare the answers, count; returns the result label."""
         cfg: MirrorConfig = copy.config
-        results, similarity, duration = self._metrics_of(cfg.revision)
+        results, similarity, _ = self._metrics_of(cfg.revision)
         headers = {"content-type": "application/json", SHADOW_HEADER: "1", "x-request-id": copy.request_id}
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        try:
-            async with asyncio.timeout(cfg.timeout_s):
-                status, _, content = await self._post(f"{cfg.url}{copy.path}", copy.body, headers)
-        except TimeoutError:
-            results["timeout"].inc()
-            return "timeout"
-        except (OSError, aiohttp.ClientError) as e:
-            log.debug("shadow copy %s: %s", copy.request_id, e)
-            results["error"].inc()
-            return "error"
-        duration.observe(loop.time() - t0)
+        answer = await self._round_trip(cfg, copy.path, copy.body, headers)
+        if isinstance(answer, str):
+            return answer
+        status, _, content = answer
         try:
             if status != 200:
                 raise ValueError(f"the shadow answered {status}")

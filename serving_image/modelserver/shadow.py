@@ -303,29 +303,39 @@ class ShadowMirror:
             finally:
                 self._queue.task_done()
 
-    async def send(self, copy: Copy) -> str:
-        """Send one copy, compare, count; returns the result label."""
-        cfg = copy.config
-        results, similarity, duration = self._metrics_of(cfg.revision)
-        headers = {"content-type": "application/json", SHADOW_HEADER: "1", "x-request-id": copy.request_id}
-        if copy.header_length is not None:
-            headers["inference-header-content-length"] = copy.header_length
-            headers["content-type"] = "application/octet-stream"
+    async def _round_trip(
+        self, cfg: MirrorConfig, path: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, dict[str, str], bytes] | str:
+        """POST one copy to the shadow within its timeout (the whole round trip, not per socket read):
+        the answer, or the result label ``timeout``/``error`` already counted. Times what came back."""
+        results, _, duration = self._metrics_of(cfg.revision)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         try:
-            async with asyncio.timeout(cfg.timeout_s):  # the whole round trip, not per socket read
-                status, resp_headers, content = await self._post(
-                    f"{cfg.url}/v2/models/{self.model_name}/infer", copy.body, headers
-                )
+            async with asyncio.timeout(cfg.timeout_s):
+                answer = await self._post(f"{cfg.url}{path}", body, headers)
         except TimeoutError:
             results["timeout"].inc()
             return "timeout"
         except (OSError, aiohttp.ClientError) as e:
-            log.debug("shadow copy %s: %s", copy.request_id, e)
+            log.debug("shadow copy %s: %s", headers.get("x-request-id"), e)
             results["error"].inc()
             return "error"
         duration.observe(loop.time() - t0)
+        return answer
+
+    async def send(self, copy: Copy) -> str:
+        """Send one copy, compare, count; returns the result label."""
+        cfg = copy.config
+        results, similarity, _ = self._metrics_of(cfg.revision)
+        headers = {"content-type": "application/json", SHADOW_HEADER: "1", "x-request-id": copy.request_id}
+        if copy.header_length is not None:
+            headers["inference-header-content-length"] = copy.header_length
+            headers["content-type"] = "application/octet-stream"
+        answer = await self._round_trip(cfg, f"/v2/models/{self.model_name}/infer", copy.body, headers)
+        if isinstance(answer, str):
+            return answer
+        status, resp_headers, content = answer
         if status != 200:
             results["error"].inc()
             return "error"
