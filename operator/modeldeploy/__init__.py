@@ -9,8 +9,9 @@ Modules, by layer (operator -> reconciler -> plan -> canary -> builders -> api):
   volumes), :mod:`.plan` (one reconcile's plan), :mod:`.canary` (the rollout state machine) with
   :mod:`.rollout_types`, :mod:`.rollout_context`, :mod:`.shadow_stage` and :mod:`.traffic_split`,
   :mod:`.fallback` (the CPU fallback), :mod:`.routing` (Gateway API routes), :mod:`.autoscaling` (KEDA),
-  :mod:`.analysis` (queries and verdicts), :mod:`.promql_scope` (a custom query held to its namespace),
-  :mod:`.status` / :mod:`.diff` (status and what changed);
+  :mod:`.analysis` (queries and verdicts) with :mod:`.judge_stats` (the statistical judge),
+  :mod:`.promql_scope` (a custom query held to its namespace), :mod:`.status` / :mod:`.diff` (status and
+  what changed);
 * I/O: :mod:`.reconciler` (one reconcile), :mod:`.measurements` and :mod:`.promclient` (Prometheus,
   off the reconcile path), :mod:`.kube` (the apiserver), :mod:`.childcache` and :mod:`.resync` (what the
   watches and LISTs saw), :mod:`.events` (Events, posted in the background), :mod:`.metrics`;

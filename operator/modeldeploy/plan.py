@@ -32,6 +32,7 @@ from . import rollout_types as rt
 from .api import FallbackStatus, ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus, RevisionStatus
 from .status import (
     DEGRADED,
+    DERIVED,
     FALLBACK_ACTIVE,
     MODEL_AVAILABLE,
     PROGRESSING,
@@ -41,6 +42,7 @@ from .status import (
     RevisionCounts,
     count_pods,
     flipped,
+    kstatus_conditions,
     merge_conditions,
     phase_of,
     pod_facts,
@@ -413,7 +415,7 @@ def wanted_conditions(
     fallback_status: FallbackStatus | None,
 ) -> list[ConditionSpec]:
     """Ready, Progressing, Degraded (in that order), then ModelAvailable and FallbackActive where they
-    apply."""
+    apply, then kstatus's Reconciling and Stalled (derived from Progressing and Degraded)."""
     want = md.spec.replicas
     in_traffic_total = sum(r.in_traffic_replicas for r in revisions)
     is_ready = in_traffic_total >= want
@@ -430,7 +432,8 @@ def wanted_conditions(
         decision.progressing_message,
     )
     model_c = model_available(md, current, counts)
-    wanted = [ready_c, progressing_c, degraded_condition(decision, revisions, model_c, error)]
+    degraded_c = degraded_condition(decision, revisions, model_c, error)
+    wanted = [ready_c, progressing_c, degraded_c]
     if model_c is not None:
         wanted.append(model_c)
     if md.spec.fallback is not None:
@@ -443,7 +446,7 @@ def wanted_conditions(
                 (fallback_status.cause or "") if fb_on and fallback_status is not None else "",
             )
         )
-    return wanted
+    return [*wanted, *kstatus_conditions(progressing_c, degraded_c)]
 
 
 def degraded_condition(
@@ -479,6 +482,8 @@ def status_events(old: ModelDeploymentStatus, status: ModelDeploymentStatus) -> 
     """The events a status change is worth: flipped conditions, and pods newly unschedulable."""
     events: list[EventSpec] = []
     for cond in flipped(old, status):
+        if cond.type in DERIVED:
+            continue  # they restate Progressing and Degraded, whose flips are told
         if cond.type == DEGRADED and cond.status == "False" and condition_absent(old, DEGRADED):
             continue  # nothing to tell on the first reconcile
         bad = (cond.type == DEGRADED and cond.status == "True") or (

@@ -37,7 +37,15 @@ from .kube import (
 )
 from .plan import EventSpec, Observed, Plan, error_status, plan
 from .rollout_types import COMMAND_ANNOTATION, AnalysisRequest
-from .status import DEGRADED, ConditionSpec, merge_conditions, status_patch, utcnow
+from .status import (
+    DEGRADED,
+    PROGRESSING,
+    ConditionSpec,
+    kstatus_conditions,
+    merge_conditions,
+    status_patch,
+    utcnow,
+)
 
 log = logging.getLogger(__name__)
 
@@ -436,9 +444,11 @@ class Reconciler:
         old = raw.get("status") or {}
         st = ModelDeploymentStatus.model_validate(old)
         now = self.clock()
+        degraded = ConditionSpec(DEGRADED, "True", "InvalidSpec", message)
+        idle = ConditionSpec(PROGRESSING, "False", "InvalidSpec", "")  # for kstatus: Stalled, not Reconciling
         conds = merge_conditions(
             st.conditions,
-            [ConditionSpec(DEGRADED, "True", "InvalidSpec", message)],
+            [degraded, *kstatus_conditions(idle, degraded)],
             int(meta.get("generation", 0)),
             now,
         )

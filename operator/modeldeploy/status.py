@@ -25,6 +25,13 @@ PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 FALLBACK_ACTIVE = "FallbackActive"
 MODEL_AVAILABLE = "ModelAvailable"
+#: kstatus's abnormal-true conditions (sigs.k8s.io/cli-utils/pkg/kstatus: Flux's health checks), derived
+RECONCILING = "Reconciling"
+STALLED = "Stalled"
+#: Degraded reasons that hold until the spec changes (or a command says what to do): kstatus's Stalled
+STALLED_REASONS = frozenset({"RolledBack", "Aborted", "FailedBack", "StableMissing", "InvalidSpec"})
+#: conditions that only restate others (no events of their own)
+DERIVED = frozenset({RECONCILING, STALLED})
 
 
 def utcnow() -> datetime:
@@ -152,6 +159,29 @@ def merge_conditions(
     # conditions someone else added (not ours) are kept untouched
     out.extend(c for t, c in previous.items() if t not in {w.type for w in wanted})
     return out
+
+
+def kstatus_conditions(progressing: ConditionSpec, degraded: ConditionSpec) -> list[ConditionSpec]:
+    """``Reconciling`` and ``Stalled``, kstatus's conditions, from ours: without them kstatus (which reads
+    only Reconciling, Stalled, Ready and observedGeneration of a custom resource) would call a canary at
+    step 1 of 4 ``Current`` (Ready: the stable serves every replica) and a rolled-back revision too.
+    Reconciling is Progressing=True; Stalled is a Degraded that no retry ends (:data:`STALLED_REASONS`).
+    Both are always written (False when they do not hold), so no stale True is left behind."""
+    stalled = degraded.status == "True" and degraded.reason in STALLED_REASONS
+    return [
+        ConditionSpec(
+            RECONCILING,
+            "True" if progressing.status == "True" else "False",
+            progressing.reason,
+            progressing.message if progressing.status == "True" else "",
+        ),
+        ConditionSpec(
+            STALLED,
+            "True" if stalled else "False",
+            degraded.reason if stalled else "AsExpected",
+            degraded.message if stalled else "",
+        ),
+    ]
 
 
 def condition(status: ModelDeploymentStatus, type_: str) -> Condition | None:
