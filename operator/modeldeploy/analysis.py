@@ -43,13 +43,15 @@ stable's bounded queue dropped: our capacity, not the shadow's fault) without ju
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from .api import AnalysisSpec, AnalysisStatus, Measurement, ShadowSpec, parse_duration
+from . import judge_stats
+from .api import AnalysisSpec, AnalysisStatus, JudgeMeasurement, Measurement, ShadowSpec, parse_duration
 from .promql_scope import render, scoped
 
 REQUESTS = "requests"
@@ -63,16 +65,33 @@ SAMPLES = "shadow-samples"
 AGREEMENT = "agreement"
 SHADOW_ERROR_RATE = "shadow-error-rate"
 SHADOW_DROPPED = "shadow-dropped"
+JUDGE_LATENCY = "judge-latency-ms"
+JUDGE_TTFT = "judge-ttft-ms"
+JUDGE_ERRORS = "judge-error-rate"
 #: measurements whose shortfall is "not enough data", not a failure
 VOLUME_METRICS = (REQUESTS, SAMPLES)
-MEASUREMENTS_KEPT = 16
+#: measurements kept in status at most, whatever measurementRetention says (the newest)
+MEASUREMENTS_CAP = 512
 
-Verdict = Literal["Pass", "Fail", "NoData", "Error"]
+Verdict = Literal["Pass", "Fail", "NoData", "Error", "Inconclusive"]
 
 #: the server's own failures: 5xx, and 413/429 from its admission control (too large, queue full)
 SERVER_ERROR_CODES = 'code=~"5..|413|429"'
 #: the clients' errors as the server answered them (400, 404 for an unknown model name, 422, ...)
 CLIENT_ERROR_CODES = 'code=~"4..",code!~"413|429"'
+
+
+@dataclass(frozen=True)
+class JudgeParams:
+    """How a judged query is asked and compared: a range query of the window (``window`` seconds) in
+    samples of ``step`` seconds, for the revision (``Query.promql``) and the stable (``baseline``)."""
+
+    baseline: str  # the same PromQL for the stable revision
+    window: float  # seconds
+    step: float  # seconds: one sample
+    confidence: float
+    min_samples: int
+    relative: bool  # the increase relative to the stable's median (latency), else absolute (a share)
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,10 @@ class Query:
     revision: str
     #: optional checks do not make the whole window "no data" when they have none (the stable ratio)
     optional: bool = False
+    #: measured and shown, never decisive (analysis.dryRun)
+    dry_run: bool = False
+    #: a statistical comparison with the stable (analysis.judge): range queries, not one instant value
+    judge: JudgeParams | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +114,9 @@ class Sample:
     query: Query
     value: float | None  # None: the query answered with no samples (or NaN): no data
     error: str | None = None  # the query failed (timeout, refused, non-2xx, unparseable, wrong shape)
+    #: judged queries: the revision's and the stable's samples over the window
+    series: tuple[float, ...] | None = None
+    baseline: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -186,7 +212,7 @@ def build_shadow_queries(
             )
         ]
     )
-    return [
+    queries = [
         Query(SAMPLES, compared, need, "min", revision),
         Query(AGREEMENT, agreement, shadow.min_agreement, "min", revision),
         Query(SHADOW_ERROR_RATE, f"({failed} or vector(0)) / {sent}", spec.max_error_rate, "max", revision),
@@ -195,6 +221,7 @@ def build_shadow_queries(
             SHADOW_DROPPED, _copies(namespace, name, revision, "dropped", win), None, "max", revision, True
         ),
     ]
+    return _dry(queries, spec.dry_run)
 
 
 def _increase(sel: str, win: str) -> str:
@@ -211,6 +238,70 @@ def client_error_increase_query(namespace: str, name: str, revision: str, stable
         return f"(({client} or vector(0)) / ({total} > 0))"
 
     return f"({share(revision)} or vector(0)) - ({share(stable)} or vector(0))"
+
+
+def _mean_ms(histogram: str, sel: str, step: str) -> str:
+    """The mean of a server histogram (seconds) over each ``step``, in milliseconds."""
+    rate = f"sum(rate({histogram}_sum{sel}[{step}])) / sum(rate({histogram}_count{sel}[{step}]))"
+    return f"{rate} * 1000"
+
+
+def _error_share(sel: str, bad_sel: str, step: str) -> str:
+    """The share of server errors among the requests of each ``step`` (0 when none failed)."""
+    total = f"sum(rate(modelserver_requests_total{sel}[{step}]))"
+    return f"(sum(rate(modelserver_requests_total{bad_sel}[{step}])) or {total} * 0) / {total}"
+
+
+def judge_queries(
+    spec: AnalysisSpec,
+    *,
+    namespace: str,
+    name: str,
+    revision: str,
+    stable: str,
+    interval: str,
+    generation: bool = False,
+) -> list[Query]:
+    """The statistical judge's queries (``analysis.judge``, pure): the mean latency (for generation the
+    mean time to first token) and the server error share of each ``sampleInterval`` of the window, for
+    ``revision`` and for ``stable``, compared by :func:`modeldeploy.judge_stats.compare`."""
+    j = spec.judge
+    assert j is not None
+    step_s = max(1.0, parse_duration(j.sample_interval))
+    step = f"{math.ceil(step_s)}s"
+    win = float(max(2, math.ceil(parse_duration(interval))))
+    metric, histogram = (
+        (JUDGE_TTFT, "modelserver_generation_time_to_first_token_seconds")
+        if generation
+        else (JUDGE_LATENCY, "modelserver_request_duration_seconds")
+    )
+    sel = {rev: _selector(namespace, name, rev) for rev in (revision, stable)}
+    bad = {rev: _selector(namespace, name, rev, SERVER_ERROR_CODES) for rev in (revision, stable)}
+
+    def params(baseline: str, relative: bool) -> JudgeParams:
+        return JudgeParams(baseline, win, step_s, j.confidence, j.min_samples, relative)
+
+    latency = {rev: _mean_ms(histogram, sel[rev], step) for rev in sel}
+    errors = {rev: _error_share(sel[rev], bad[rev], step) for rev in sel}
+    return [
+        Query(
+            metric, latency[revision], j.max_increase, "max", revision, judge=params(latency[stable], True)
+        ),
+        Query(
+            JUDGE_ERRORS,
+            errors[revision],
+            j.max_error_increase,
+            "max",
+            revision,
+            judge=params(errors[stable], False),
+        ),
+    ]
+
+
+def _dry(queries: list[Query], dry_run: Sequence[str]) -> list[Query]:
+    """``queries`` with those named in ``analysis.dryRun`` marked: measured, never decisive."""
+    names = set(dry_run)
+    return [dataclasses.replace(q, dry_run=True) if q.metric in names else q for q in queries]
 
 
 def build_queries(
@@ -266,6 +357,17 @@ def build_queries(
                 optional=True,
             )
         )
+    if spec.judge is not None and compare:
+        assert stable is not None
+        out += judge_queries(
+            spec,
+            namespace=namespace,
+            name=name,
+            revision=revision,
+            stable=stable,
+            interval=interval,
+            generation=generation,
+        )
     if spec.min_agreement is not None and agreement_with is not None:
         _, agreement = agreement_queries(namespace, name, agreement_with, win)
         out.append(Query(AGREEMENT, agreement, spec.min_agreement, "min", revision))
@@ -277,11 +379,52 @@ def build_queries(
             out.append(Query(m.name, q, m.max, "max", revision))
         else:
             out.append(Query(m.name, q, m.min, "min", revision))
-    return out
+    return _dry(out, spec.dry_run)
+
+
+def _compared(s: Sample, now: datetime) -> Measurement:
+    """A judged query's measurement: the value is the increase (relative or absolute), the threshold the
+    allowed increase, and ``judge`` what was compared."""
+    q, p = s.query, s.query.judge
+    assert p is not None
+    c = judge_stats.compare(
+        s.series or (),
+        s.baseline or (),
+        confidence=p.confidence,
+        max_increase=float(q.threshold or 0.0),
+        min_samples=p.min_samples,
+        relative=p.relative,
+    )
+    return Measurement(
+        metric=q.metric,
+        query=q.promql,
+        value=None if c.effect is None else round(c.effect, 6),
+        threshold=q.threshold,
+        verdict=c.verdict,
+        revision=q.revision,
+        time=now,
+        dry_run=q.dry_run or None,
+        judge=JudgeMeasurement(
+            canary=_round(c.canary_median),
+            stable=_round(c.stable_median),
+            canary_samples=c.canary_n,
+            stable_samples=c.stable_n,
+            low=_round(c.low),
+            high=_round(c.high),
+            p_value=_round(c.p_value),
+            reason=c.reason[:256],
+        ),
+    )
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
 
 
 def _measure(s: Sample, now: datetime) -> Measurement:
     q = s.query
+    if q.judge is not None and s.error is None:
+        return _compared(s, now)
     if s.error is not None:
         verdict: Literal["Pass", "Fail", "NoData", "Error"] = "Error"
     elif s.value is None:
@@ -304,26 +447,30 @@ def _measure(s: Sample, now: datetime) -> Measurement:
         revision=q.revision,
         time=now,
         error=None if s.error is None else s.error[:512],
+        dry_run=q.dry_run or None,
     )
 
 
 def judge(samples: Sequence[Sample], now: datetime) -> Judgement:
-    """One window's verdict (pure).
+    """One window's verdict (pure). Dry-run measurements (``analysis.dryRun``) are measured and kept but
+    never counted below.
 
     * any query that failed (timeout, refused, non-2xx, unparseable, more than one series) -> Error:
       never a pass, and not *no data* either (``onNoData`` does not apply to it);
     * too few requests (``minRequests``) -> NoData, whatever the other values say; too few compared
       shadow requests (``minSamples``) -> NoData unless the shadow's error rate or p99 fails;
-    * any check over (max) or under (min) its threshold -> Fail;
+    * any check over (max) or under (min) its threshold, or a judge comparison that fails -> Fail;
     * a required check without a value -> NoData;
+    * a judge comparison that cannot tell (too few samples, too wide an interval) -> Inconclusive;
     * otherwise Pass.
     """
     ms = [_measure(s, now) for s in samples]
-    by_metric = {m.metric: m for m in ms}
-    errors = [m for m in ms if m.verdict == "Error"]
+    decisive = [m for m in ms if not m.dry_run]
+    by_metric = {m.metric: m for m in decisive}
+    errors = [m for m in decisive if m.verdict == "Error"]
     if errors:
         return Judgement("Error", ms, errors[0])
-    failed = [m for m in ms if m.verdict == "Fail"]
+    failed = [m for m in decisive if m.verdict == "Fail"]
     req = by_metric.get(REQUESTS) or by_metric.get(SAMPLES)
     if req is not None and req.verdict != "Pass":
         # a shadow whose copies fail or are slow fails, however few of them could be compared
@@ -334,10 +481,26 @@ def judge(samples: Sequence[Sample], now: datetime) -> Judgement:
     if failed:
         return Judgement("Fail", ms, failed[0])
     optional = {s.query.metric for s in samples if s.query.optional}
-    missing = [m for m in ms if m.verdict == "NoData" and m.metric not in optional]
+    missing = [m for m in decisive if m.verdict == "NoData" and m.metric not in optional]
     if missing:
         return Judgement("NoData", ms, missing[0])
+    unsure = [m for m in decisive if m.verdict == "Inconclusive"]
+    if unsure:
+        return Judgement("Inconclusive", ms, unsure[0])
     return Judgement("Pass", ms, None)
+
+
+def retained(measurements: Sequence[Measurement], per_metric: int) -> list[Measurement]:
+    """The newest ``per_metric`` measurements of each metric (and revision), in their order
+    (``analysis.measurementRetention``; Argo Rollouts keeps measurements per metric the same way)."""
+    seen: dict[tuple[str, str | None], int] = {}
+    keep: list[Measurement] = []
+    for m in reversed(measurements):
+        key = (m.metric, m.revision)
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] <= per_metric:
+            keep.append(m)
+    return keep[::-1][-MEASUREMENTS_CAP:]
 
 
 @dataclass(frozen=True)
@@ -361,10 +524,12 @@ def advance(spec: AnalysisSpec, state: AnalysisStatus | None, j: Judgement, now:
     ``consecutiveErrorLimit``). An error never passes, never fails, and leaves ``onNoData`` alone.
     """
     old = state or AnalysisStatus()
-    kept = [*old.measurements, *j.measurements][-MEASUREMENTS_KEPT:]
+    kept = retained([*old.measurements, *j.measurements], spec.measurement_retention)
     if j.verdict == "Error":
         return _errored(spec, old, j, now, kept)
-    old = old.model_copy(update={"consecutive_errors": 0})
+    if j.verdict == "Inconclusive":
+        return _inconclusive(spec, old.model_copy(update={"consecutive_errors": 0}), j, now, kept)
+    old = old.model_copy(update={"consecutive_errors": 0, "consecutive_inconclusive": 0})
     failures = old.consecutive_failures
     no_data_since = old.no_data_since
     verdict = j.verdict
@@ -432,9 +597,32 @@ def _errored(
     return Outcome("pause" if paused else "hold", new, reason, j.failing, "Error")
 
 
+def _inconclusive(
+    spec: AnalysisSpec, old: AnalysisStatus, j: Judgement, now: datetime, kept: list[Measurement]
+) -> Outcome:
+    """A window the judge could not tell: held; the ``inconclusiveLimit``-th in a row pauses the rollout
+    for a human (Argo Rollouts' inconclusive semantics)."""
+    assert spec.judge is not None and j.failing is not None
+    count = old.consecutive_inconclusive + 1
+    limit = spec.judge.inconclusive_limit
+    reason = f"{_describe(j.failing)} ({count}/{limit} inconclusive windows)"
+    paused = count >= limit
+    new = old.model_copy(
+        update={
+            "consecutive_inconclusive": count,
+            "last_run": now,
+            "measurements": kept,
+            "paused_reason": f"analysis paused: {reason}" if paused else None,
+        }
+    )
+    return Outcome("pause" if paused else "hold", new, reason, j.failing, "Inconclusive")
+
+
 def _describe(m: Measurement) -> str:
     if m.verdict == "Error":
         return f"{m.metric}: query failed: {m.error or 'unknown error'} [query: {m.query}]"
+    if m.judge is not None:
+        return f"{m.metric}: {m.verdict}: {m.judge.reason}"
     if m.value is None:
         return f"{m.metric}: no data"
     if m.metric == REQUESTS:

@@ -111,6 +111,61 @@ class MetricCheck(ApiModel):
         return self
 
 
+class JudgeSpec(ApiModel):
+    """The statistical judge: the canary's samples against the stable's from the same window (Kayenta's
+    Mann-Whitney judge; modeldeploy.judge_stats). One sample is one ``sampleInterval`` of the window: the
+    mean request latency (for task generation: the mean time to first token) and the share of server
+    errors of the revision's requests in it."""
+
+    method: Literal["mannWhitney"] = Field(
+        default="mannWhitney", description="Mann-Whitney U test with a Hodges-Lehmann effect estimate."
+    )
+    confidence: float = Field(
+        default=0.98, ge=0.5, le=0.9999, description="An increase is significant when p < 1 - confidence."
+    )
+    max_increase: float = Field(
+        default=0.25,
+        gt=0,
+        le=10,
+        description="Latency: the largest allowed increase over the stable's median, as a fraction (0.25 = "
+        "+25 %). A significant larger increase fails the window.",
+    )
+    max_error_increase: float = Field(
+        default=0.01,
+        gt=0,
+        le=1,
+        description="Server error share: the largest allowed absolute increase over the stable's.",
+    )
+    sample_interval: Duration = Field(
+        default="10s",
+        description="The span of one sample; at least two Prometheus scrape intervals (a rate needs two "
+        "scrapes). The window (spec.rollout.interval) holds interval / sampleInterval samples.",
+        json_schema_extra=cel_validations(
+            cel_rule(
+                "duration(self) >= duration('1s')",
+                "spec.rollout.analysis.judge.sampleInterval must be at least 1s",
+            )
+        ),
+    )
+    min_samples: int = Field(
+        default=6, ge=3, le=1000, description="Fewer samples on either side: Inconclusive."
+    )
+    inconclusive_limit: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="Consecutive Inconclusive windows (the step is held) before the rollout is paused for "
+        "a human (`kubectl modeldeploy resume`).",
+    )
+
+    @field_validator("sample_interval")
+    @classmethod
+    def _sample_interval(cls, value: str) -> str:
+        if parse_duration(value) < 1:
+            raise ValueError("spec.rollout.analysis.judge.sampleInterval must be at least 1s")
+        return value
+
+
 class AnalysisSpec(ApiModel):
     """How each canary step is judged from Prometheus."""
 
@@ -191,6 +246,21 @@ class AnalysisSpec(ApiModel):
     agreement_sample_rate: float = Field(
         default=0.2, gt=0, le=1, description="Share of requests copied for minAgreement (canary, bake)."
     )
+    judge: JudgeSpec | None = Field(
+        default=None,
+        description="Also compare the canary's latency and error samples with the stable's in each window "
+        "(unset: fixed thresholds only).",
+    )
+    dry_run: list[Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=list,
+        max_length=32,
+        alias="dryRun",
+        description="Measurements (by metric name, e.g. judge-latency-ms, p99-latency-ms, a custom "
+        "metric) that are measured and shown but never decide a window.",
+    )
+    measurement_retention: int = Field(
+        default=5, ge=1, le=20, description="Measurements kept in status per metric (the newest)."
+    )
 
 
 class CompareSpec(ApiModel):
@@ -266,6 +336,12 @@ class KeepPreviousSpec(ApiModel):
     ttl: Duration = Field(default="30m", description="How long the previous revision is kept warm.")
 
 
+JUDGE_WINDOW_MESSAGE = (
+    "spec.rollout.analysis.judge.sampleInterval: a window (spec.rollout.interval) must hold at least "
+    "judge.minSamples samples of sampleInterval"
+)
+
+
 class RolloutSpec(ApiModel):
     """Progressive delivery of a new revision."""
 
@@ -308,6 +384,27 @@ class RolloutSpec(ApiModel):
     shadow: ShadowSpec | None = Field(
         default=None, description="A shadow stage before the first step (unset: none)."
     )
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_validations(
+            cel_rule(
+                "!has(self.analysis) || !has(self.analysis.judge)"
+                " || duration(self.interval).getMilliseconds() >= self.analysis.judge.minSamples"
+                " * duration(self.analysis.judge.sampleInterval).getMilliseconds()",
+                JUDGE_WINDOW_MESSAGE,
+                ".analysis.judge.sampleInterval",
+            )
+        )
+    )
+
+    @model_validator(mode="after")
+    def _judge_fits(self) -> RolloutSpec:
+        judge = self.analysis.judge
+        if judge is not None:
+            samples = parse_duration(self.interval) / parse_duration(judge.sample_interval)
+            if samples < judge.min_samples:
+                raise ValueError(JUDGE_WINDOW_MESSAGE)
+        return self
 
     @field_validator("steps")
     @classmethod

@@ -60,6 +60,19 @@ class RevisionStatus(StatusModel):
     model_version: str | None = Field(default=None, max_length=63)
 
 
+class JudgeMeasurement(StatusModel):
+    """What the statistical judge compared: medians, samples, the increase's interval and p-value."""
+
+    canary: float | None = Field(default=None, description="The canary's median sample.")
+    stable: float | None = Field(default=None, description="The stable's median sample.")
+    canary_samples: int = Field(ge=0)
+    stable_samples: int = Field(ge=0)
+    low: float | None = Field(default=None, description="The increase's confidence interval, low end.")
+    high: float | None = Field(default=None, description="The increase's confidence interval, high end.")
+    p_value: float | None = Field(default=None, description="One-sided Mann-Whitney: the canary larger.")
+    reason: str = Field(default="", max_length=256)
+
+
 class Measurement(StatusModel):
     """One analysis measurement: the query, what it returned, the threshold and the verdict."""
 
@@ -67,11 +80,17 @@ class Measurement(StatusModel):
     query: str = Field(max_length=8192)
     value: float | None = None
     threshold: float | None = None
-    verdict: Literal["Pass", "Fail", "NoData", "Error"]
+    verdict: Literal["Pass", "Fail", "NoData", "Error", "Inconclusive"]
     revision: str | None = Field(default=None, max_length=63)
     time: datetime
     error: str | None = Field(
         default=None, max_length=512, description="Why the query failed (verdict Error): kind and message."
+    )
+    dry_run: bool | None = Field(
+        default=None, description="Measured and shown, never decisive (analysis.dryRun)."
+    )
+    judge: JudgeMeasurement | None = Field(
+        default=None, description="The statistical judge's view of the window (value: the increase)."
     )
 
 
@@ -117,9 +136,14 @@ class AnalysisStatus(StatusModel):
         max_length=1024,
         description="Set when errorLimit was reached: nothing is judged until `kubectl modeldeploy resume`.",
     )
+    consecutive_inconclusive: int = Field(
+        default=0,
+        ge=0,
+        description="Consecutive Inconclusive windows of the judge (inconclusiveLimit pauses).",
+    )
     no_data_since: datetime | None = None
     last_run: datetime | None = None
-    measurements: list[Measurement] = Field(default_factory=list, max_length=32)
+    measurements: list[Measurement] = Field(default_factory=list, max_length=512)
 
 
 #: entries kept in ``status.history`` (the oldest go first)

@@ -141,7 +141,9 @@ def _resumed(
     ctx.events.append(
         Event("Normal", "AnalysisResumed", f"analysis resumed by hand (was: {analysis.paused_reason})")
     )
-    return analysis.model_copy(update={"paused_reason": None, "consecutive_errors": 0})
+    return analysis.model_copy(
+        update={"paused_reason": None, "consecutive_errors": 0, "consecutive_inconclusive": 0}
+    )
 
 
 #: how soon a handover (see :func:`_make_before_break`) is looked at again, watch events aside

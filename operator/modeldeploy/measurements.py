@@ -55,12 +55,14 @@ class MeasurementRunner:
         max_age: float = 30.0,
         per_url: int = 8,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._config_for = config_for
         self.on_done = on_done
         self.max_age = max_age
         self.per_url = per_url
         self._clock = clock
+        self._wall = wall  # the end of a range query (Unix seconds)
         self._lock = threading.Lock()
         self._done: dict[JobKey, _Done] = {}
         self._slots: dict[Slot, _Done] = {}
@@ -168,6 +170,8 @@ class MeasurementRunner:
         try:
             client = self._client(url, timeout)
             async with limit:
+                if q.judge is not None:
+                    return await self._judged(client, q)
                 value = await client.instant(q.promql)
         except QueryError as e:
             metrics.ANALYSIS_QUERIES.labels(result=e.kind).inc()
@@ -179,6 +183,19 @@ class MeasurementRunner:
             return Sample(q, None, error=f"config: {type(e).__name__}: {e}"[:500])
         metrics.ANALYSIS_QUERIES.labels(result="ok" if value is not None else "nodata").inc()
         return Sample(q, value)
+
+    async def _judged(self, client: PromClient, q: Query) -> Sample:
+        """A judged query: the revision's and the stable's samples over the same window (range queries
+        ending now, one point per step: the last ``window`` seconds in samples of ``step``)."""
+        p = q.judge
+        assert p is not None
+        end = self._wall()
+        start = end - p.window + p.step
+        series, baseline = await asyncio.gather(
+            client.range(q.promql, start, end, p.step), client.range(p.baseline, start, end, p.step)
+        )
+        metrics.ANALYSIS_QUERIES.labels(result="ok" if series and baseline else "nodata").inc()
+        return Sample(q, None, series=tuple(series), baseline=tuple(baseline))
 
     def _client(self, url: str, timeout: float) -> PromClient:
         client = self._clients.get((url, timeout))

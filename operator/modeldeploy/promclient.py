@@ -1,4 +1,4 @@
-"""An async Prometheus instant-query client that can never hang.
+"""An async Prometheus query client (instant and range queries) that can never hang.
 
 It replaces prometheus-api-client's instant queries, for these measured reasons:
 
@@ -70,6 +70,7 @@ class PromClient:
         self.shown = redact(cfg.url)
         path = parts.path.rstrip("/") + "/api/v1/query"
         self.query_url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2], path=path))
+        self.range_url = self.query_url + "_range"
         self.headers: dict[str, str] = {}
         self.secrets = [s for s in (cfg.bearer_token,) if s]
         if cfg.bearer_token:
@@ -104,9 +105,23 @@ class PromClient:
 
     async def instant(self, promql: str) -> float | None:
         """The value of ``promql`` now; ``None`` when there is no data (no series, NaN or infinite)."""
+        body = await self._ask(self.query_url, {"query": promql})
+        value = self._answer(body)
+        return None if value is None or math.isnan(value) or math.isinf(value) else value
+
+    async def range(self, promql: str, start: float, end: float, step: float) -> list[float]:
+        """The values of ``promql`` from ``start`` to ``end`` (Unix seconds) every ``step`` seconds, NaN
+        and infinite values left out; ``[]`` when there is no series (no data)."""
+        params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        body = await self._ask(self.range_url, params)
+        values = self._series(body)
+        return [v for v in values if math.isfinite(v)]
+
+    async def _ask(self, url: str, params: dict[str, str]) -> bytes:
+        """One query's answer body (2xx), or a :class:`QueryError`, within the total deadline."""
         try:
             async with asyncio.timeout(self.cfg.timeout):
-                status, body = await self._fetch(promql)
+                status, body = await self._fetch(url, params)
         except QueryError:
             raise
         except TimeoutError:
@@ -118,12 +133,11 @@ class PromClient:
             raise self._error("refused", f"cannot reach {self.shown}: {_why(e)}") from None
         if not 200 <= status < 300:
             raise self._error("http", f"HTTP {status} from {self.shown}: {_excerpt(body)}")
-        value = self._answer(body)
-        return None if value is None or math.isnan(value) or math.isinf(value) else value
+        return body
 
-    async def _fetch(self, promql: str) -> tuple[int, bytes]:
+    async def _fetch(self, url: str, params: dict[str, str]) -> tuple[int, bytes]:
         """One GET, no redirects followed; the body read up to the cap (a non-2xx one is cut there)."""
-        resp = await self._session().get(self.query_url, params={"query": promql}, allow_redirects=False)
+        resp = await self._session().get(url, params=params, allow_redirects=False)
         try:
             ok = 200 <= resp.status < 300
             if ok and resp.content_length is not None and resp.content_length > self.cfg.max_bytes:
@@ -144,8 +158,8 @@ class PromClient:
     def _too_large(self, what: str) -> QueryError:
         return self._error("too-large", f"answer from {self.shown}: {what} (cap {self.cfg.max_bytes})")
 
-    def _answer(self, body: bytes) -> float | None:
-        """The one value of a successful answer; ``None`` for an empty vector."""
+    def _data(self, body: bytes) -> tuple[str, Any]:
+        """(resultType, result) of a successful answer."""
         try:
             doc = json.loads(body)
         except ValueError:
@@ -157,7 +171,11 @@ class PromClient:
         data = doc.get("data") if isinstance(doc, dict) and doc.get("status") == "success" else None
         if not isinstance(data, dict) or not isinstance(data.get("resultType"), str) or "result" not in data:
             raise self._error("unparseable", f"not a Prometheus answer from {self.shown}: {_excerpt(body)}")
-        kind, result = data["resultType"], data["result"]
+        return data["resultType"], data["result"]
+
+    def _answer(self, body: bytes) -> float | None:
+        """The one value of a successful answer; ``None`` for an empty vector."""
+        kind, result = self._data(body)
         if kind == "vector":
             if not isinstance(result, list):
                 raise self._error("unparseable", f"vector result is not a list from {self.shown}")
@@ -170,6 +188,22 @@ class PromClient:
         if kind == "scalar":
             return self._sample(result)
         raise self._error("shape", f"resultType {kind!r} where a vector or a scalar is expected")
+
+    def _series(self, body: bytes) -> list[float]:
+        """The values of the one series of a range answer (a matrix); ``[]`` for none."""
+        kind, result = self._data(body)
+        if kind != "matrix":
+            raise self._error("shape", f"resultType {kind!r} where a matrix is expected from {self.shown}")
+        if not isinstance(result, list):
+            raise self._error("unparseable", f"matrix result is not a list from {self.shown}")
+        if len(result) > 1:
+            raise self._error("shape", f"{len(result)} series where one is expected from {self.shown}")
+        if not result:
+            return []
+        values = result[0].get("values") if isinstance(result[0], dict) else None
+        if not isinstance(values, list):
+            raise self._error("unparseable", f"a series without values from {self.shown}")
+        return [self._sample(v) for v in values]
 
     def _sample(self, sample: Any) -> float:
         """The float of a ``[timestamp, "value"]`` pair."""

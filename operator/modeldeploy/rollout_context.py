@@ -218,6 +218,7 @@ class ReconcileContext:
             "Fail": "AnalysisFailed",
             "NoData": "AnalysisHold",
             "Error": "AnalysisError",
+            "Inconclusive": "AnalysisInconclusive",
         }[out.verdict]
         self.events.append(
             Event(
@@ -225,7 +226,8 @@ class ReconcileContext:
                 verdict,
                 f"revision {revision} ({what}): {out.reason}"
                 + "".join(
-                    f"; {m.metric}={m.value} (threshold {m.threshold}, {m.verdict}) query: {m.query}"
+                    f"; {m.metric}={m.value} (threshold {m.threshold}, {m.verdict}"
+                    f"{', dry run' if m.dry_run else ''}) query: {m.query}"
                     for m in out.state.measurements
                     if m.time == self.now and m.revision == revision
                 ),

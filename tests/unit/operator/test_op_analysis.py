@@ -182,11 +182,17 @@ def test_no_data_policies(policy, action):
     assert o.action == action
 
 
-def test_measurements_are_bounded():
+def test_measurements_are_kept_per_metric_up_to_the_retention():
     st = None
+    spec = AnalysisSpec(measurementRetention=3)
     for i in range(20):
-        st = advance(AnalysisSpec(), st, judge(samples(), T0 + timedelta(seconds=i)), T0).state
-    assert st is not None and len(st.measurements) == 16
+        st = advance(spec, st, judge(samples(), T0 + timedelta(seconds=i)), T0).state
+    assert st is not None
+    per_metric: dict[str, list[datetime]] = {}
+    for m in st.measurements:
+        per_metric.setdefault(m.metric, []).append(m.time)
+    newest = [T0 + timedelta(seconds=i) for i in (17, 18, 19)]
+    assert per_metric and all(times == newest for times in per_metric.values()), per_metric
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,10 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from modeldeploy.analysis import Query
+from modeldeploy.analysis import JudgeParams, Query
 from modeldeploy.measurements import MeasurementRunner
 from modeldeploy.promclient import PromConfig
 
@@ -45,12 +46,15 @@ class Handler(BaseHTTPRequestHandler):
         if self.server.hang.is_set():
             self.server.release.wait(30)
             return
-        body = json.dumps(
-            {
-                "status": "success",
-                "data": {"resultType": "vector", "result": [{"metric": {}, "value": [0, self.server.value]}]},
-            }
-        ).encode()
+        if urlsplit(self.path).path.endswith("/query_range"):
+            args = parse_qs(urlsplit(self.path).query)
+            # a series per revision: 10 ms for the stable ("s1"), 13 ms for anything else
+            value = "10" if 'revision="s1"' in args["query"][0] else "13"
+            values = [[0, value]] * 12
+            data: dict[str, object] = {"resultType": "matrix", "result": [{"metric": {}, "values": values}]}
+        else:
+            data = {"resultType": "vector", "result": [{"metric": {}, "value": [0, self.server.value]}]}
+        body = json.dumps({"status": "success", "data": data}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -160,3 +164,29 @@ def test_latest_serves_the_newest_answer_and_refreshes_it_in_the_background(prom
     time.sleep(0.15)
     runner.latest(KEY, prom.url, 5.0, q("copying"), refresh=0.1)  # older than refresh: asked again
     wait_for(lambda: (runner.latest(KEY, prom.url, 5.0, q("copying"), refresh=10) or s).value == 2.0)
+
+
+def test_a_judged_query_asks_the_window_of_canary_and_stable_as_range_queries(prom, woken):
+    r = MeasurementRunner(
+        lambda url, timeout: PromConfig(url, timeout=timeout),
+        on_done=lambda ns, n: woken.append((ns, n)),
+        wall=lambda: 1_000_000.0,
+    )
+    r.start()
+    try:
+        params = JudgeParams('x{revision="s1"}', 30.0, 2.0, 0.98, 6, True)
+        judged = Query("judge-latency-ms", 'x{revision="c1"}', 0.2, "max", "c1", judge=params)
+        assert r.request(KEY, prom.url, 5.0, [judged]) is None
+        wait_for(lambda: woken)
+        samples = r.request(KEY, prom.url, 5.0, [judged])
+    finally:
+        r.stop()
+    assert samples is not None
+    (s,) = samples
+    assert s.error is None and s.series == (13.0,) * 12 and s.baseline == (10.0,) * 12
+    asked = [parse_qs(urlsplit(p).query) for p in prom.asked]
+    assert {a["query"][0] for a in asked} == {'x{revision="c1"}', 'x{revision="s1"}'}
+    # the last 30 s in samples of 2 s: the first sample covers (end - 30 s, end - 28 s]
+    assert all(
+        a["start"] == ["999972.000"] and a["end"] == ["1000000.000"] and a["step"] == ["2"] for a in asked
+    )

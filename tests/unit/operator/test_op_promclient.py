@@ -423,3 +423,56 @@ def test_a_url_that_is_not_http_is_refused_at_construction(url):
 def test_credentials_in_the_url_and_a_bearer_token_together_are_refused_at_construction():
     with pytest.raises(ValueError, match="mutually exclusive"):
         PromClient(PromConfig("http://user:s3cret@prom:9090", bearer_token="t0ken"))
+
+
+# -- range queries (the statistical judge's samples) ----------------------------------------------------
+
+
+def matrix(*series: list[str]) -> dict:
+    return success(
+        "matrix",
+        [
+            {"metric": {"i": str(i)}, "values": [[1.7e9 + k, v] for k, v in enumerate(s)]}
+            for i, s in enumerate(series)
+        ],
+    )
+
+
+async def ask_range(url: str, promql: str = "up") -> list[float]:
+    client = PromClient(PromConfig(url))
+    try:
+        return await client.range(promql, 1000.0, 1030.0, 2.0)
+    finally:
+        await client.close()
+
+
+async def test_a_range_query_is_the_values_of_its_one_series_without_nan(serve):
+    server = await serve(answer(body=matrix(["1.5", "NaN", "2.5", "+Inf", "3"])))
+    assert await ask_range(server.url + "/prom") == [1.5, 2.5, 3.0]
+    req = server.requests[0]
+    assert req.path == "/prom/api/v1/query_range"
+    assert parse_qs(urlsplit(req.target).query) == {
+        "query": ["up"],
+        "start": ["1000.000"],
+        "end": ["1030.000"],
+        "step": ["2"],
+    }
+
+
+async def test_a_range_query_without_a_series_is_no_samples(serve):
+    assert await ask_range((await serve(answer(body=matrix()))).url) == []
+
+
+async def test_a_range_query_answering_two_series_or_a_vector_is_a_shape_error(serve):
+    client_url = (await serve(answer(body=matrix(["1"], ["2"])))).url
+    with pytest.raises(QueryError, match="2 series where one is expected"):
+        await ask_range(client_url)
+    with pytest.raises(QueryError) as e:
+        await ask_range((await serve(answer(body=vector("1")))).url)
+    assert e.value.kind == "shape"
+
+
+async def test_a_range_query_with_a_malformed_value_is_unparseable(serve):
+    with pytest.raises(QueryError) as e:
+        await ask_range((await serve(answer(body=matrix(["one"])))).url)
+    assert e.value.kind == "unparseable"

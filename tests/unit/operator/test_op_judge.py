@@ -1,0 +1,228 @@
+"""The statistical judge (analysis.judge): the canary's samples against the stable's from the same window,
+Mann-Whitney with a Hodges-Lehmann effect, three outcomes (Pass, Fail, Inconclusive); dry-run
+measurements that never decide; inconclusive windows that hold and then pause; measurements kept per
+metric. Fixed samples, no Prometheus (the range queries are tested in test_op_promclient and
+test_op_measurements)."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from modeldeploy.analysis import (
+    ERROR_RATE,
+    JUDGE_ERRORS,
+    JUDGE_LATENCY,
+    JUDGE_TTFT,
+    P99,
+    REQUESTS,
+    Sample,
+    advance,
+    build_queries,
+    judge,
+)
+from modeldeploy.api import AnalysisSpec, ModelDeployment
+from modeldeploy.judge_stats import compare, without_outliers
+from pydantic import ValidationError
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+#: per-2s mean latencies (ms), written by hand in the shape of a noop revision's (delay_ms=20) on the
+#: local cluster: a floor, a right skew, one slow window
+STABLE_MS = [21.9, 22.4, 21.7, 23.0, 22.1, 22.8, 21.6, 25.9, 22.2, 22.0, 21.8, 22.6, 22.3, 23.4, 21.9]
+SAME_MS = [22.0, 21.8, 22.9, 22.3, 21.7, 23.1, 22.5, 21.9, 22.2, 24.8, 22.1, 21.6, 22.7, 22.4, 22.0]
+#: the same with delay_ms=26: 30 % slower at the median, far under a 500 ms p99 limit
+SLOWER_MS = [28.1, 28.6, 27.9, 29.4, 28.3, 28.0, 30.7, 28.5, 27.8, 28.9, 28.2, 29.1, 28.4, 27.9, 28.8]
+
+
+def cmp(canary: list[float], stable: list[float], **kw: float) -> object:
+    args = {"confidence": 0.98, "max_increase": 0.2, "min_samples": 6, "relative": True, **kw}
+    return compare(canary, stable, **args)  # type: ignore[arg-type]
+
+
+# -- the comparison -------------------------------------------------------------------------------------
+
+
+def test_a_revision_30_percent_slower_fails_with_its_increase_and_p_value():
+    c = cmp(SLOWER_MS, STABLE_MS)
+    assert c.verdict == "Fail", c
+    assert c.effect is not None and 0.25 < c.effect < 0.33
+    assert c.p_value is not None and c.p_value < 0.001
+    assert "> +20.0% allowed" in c.reason
+
+
+def test_an_identical_revision_passes():
+    c = cmp(SAME_MS, STABLE_MS)
+    assert c.verdict == "Pass", c
+    assert c.effect is not None and abs(c.effect) < 0.05
+    assert c.low is not None and c.high is not None and c.low <= c.effect <= c.high
+
+
+def test_a_small_increase_measured_precisely_is_allowed_though_significant():
+    c = cmp([x * 1.05 for x in STABLE_MS], STABLE_MS)
+    assert c.p_value is not None and c.p_value < 0.02  # significant ...
+    assert c.verdict == "Pass"  # ... but +5 % is within the allowed +20 %
+
+
+def test_a_faster_revision_passes():
+    assert cmp([x * 0.7 for x in STABLE_MS], STABLE_MS).verdict == "Pass"
+
+
+def test_too_few_samples_on_either_side_is_inconclusive():
+    c = cmp(SLOWER_MS[:5], STABLE_MS)
+    assert c.verdict == "Inconclusive" and "too few samples (canary 5, stable 14 < minSamples 6)" in c.reason
+    assert cmp(SLOWER_MS, []).verdict == "Inconclusive"
+
+
+def test_samples_too_noisy_to_tell_are_inconclusive_not_passed():
+    rnd = random.Random(1)
+    noisy_c = [rnd.lognormvariate(3.1, 0.9) for _ in range(8)]
+    noisy_s = [rnd.lognormvariate(3.1, 0.9) for _ in range(8)]
+    c = cmp(noisy_c, noisy_s)
+    assert c.verdict == "Inconclusive" and "interval too wide" in c.reason, c
+
+
+def test_a_stalled_sample_is_an_outlier_and_does_not_fail_an_identical_revision():
+    with_stall = [*SAME_MS[:-1], 900.0]
+    assert 900.0 not in without_outliers(with_stall)
+    assert cmp(with_stall, STABLE_MS).verdict == "Pass"
+
+
+def test_error_shares_are_compared_absolutely():
+    stable = [0.0] * 12
+    assert cmp([0.0] * 12, stable, relative=False, max_increase=0.01).verdict == "Pass"
+    failing = [0.05, 0.04, 0.06, 0.05, 0.05, 0.07, 0.04, 0.05, 0.06, 0.05, 0.05, 0.04]
+    c = cmp(failing, stable, relative=False, max_increase=0.01)
+    assert c.verdict == "Fail" and c.effect == pytest.approx(0.05, abs=0.01)
+
+
+def test_two_identical_revisions_pass_20_windows_out_of_20():
+    rnd = random.Random(7)
+    verdicts = []
+    for _ in range(20):
+        c_ = [rnd.lognormvariate(3.1, 0.05) for _ in range(15)]
+        s_ = [rnd.lognormvariate(3.1, 0.05) for _ in range(15)]
+        verdicts.append(cmp(c_, s_, max_increase=0.25).verdict)
+    assert verdicts == ["Pass"] * 20
+
+
+# -- the queries ----------------------------------------------------------------------------------------
+
+JUDGED = AnalysisSpec.model_validate({"judge": {"sampleInterval": "2s", "maxIncrease": 0.2}})
+
+
+def queries(spec: AnalysisSpec = JUDGED, stable: str | None = "s1", generation: bool = False):
+    return build_queries(
+        spec,
+        namespace="ns",
+        name="m",
+        revision="c1",
+        stable=stable,
+        interval="30s",
+        generation=generation,
+    )
+
+
+def test_the_judge_asks_range_queries_of_canary_and_stable_over_the_window():
+    q = {x.metric: x for x in queries()}
+    lat, err = q[JUDGE_LATENCY], q[JUDGE_ERRORS]
+    assert lat.judge is not None and err.judge is not None
+    assert (
+        'modeldeploy_io_revision="c1"' in lat.promql and 'modeldeploy_io_revision="s1"' in lat.judge.baseline
+    )
+    assert "modelserver_request_duration_seconds_sum" in lat.promql and "[2s]" in lat.promql
+    assert (lat.judge.window, lat.judge.step, lat.judge.relative) == (30.0, 2.0, True)
+    assert lat.threshold == 0.2 and err.threshold == 0.01 and not err.judge.relative
+    assert 'code=~"5..|413|429"' in err.promql
+
+
+def test_the_judge_needs_a_stable_to_compare_with():
+    assert not {JUDGE_LATENCY, JUDGE_ERRORS} & {x.metric for x in queries(stable=None)}
+    assert not {JUDGE_LATENCY, JUDGE_ERRORS} & {x.metric for x in queries(AnalysisSpec())}
+
+
+def test_for_generation_the_judge_compares_time_to_first_token():
+    q = {x.metric: x for x in queries(generation=True)}
+    assert JUDGE_LATENCY not in q
+    assert "modelserver_generation_time_to_first_token_seconds_sum" in q[JUDGE_TTFT].promql
+
+
+def test_a_window_too_short_for_min_samples_is_refused_naming_the_field():
+    md = {
+        "apiVersion": "modeldeploy.io/v1alpha1",
+        "kind": "ModelDeployment",
+        "metadata": {"name": "x", "namespace": "ns"},
+        "spec": {
+            "model": {"name": "m", "version": "1", "uri": "noop://?delay_ms=1"},
+            "rollout": {"interval": "1m", "analysis": {"judge": {"sampleInterval": "20s"}}},
+        },
+    }
+    with pytest.raises(ValidationError, match=r"spec\.rollout\.analysis\.judge\.sampleInterval"):
+        ModelDeployment.model_validate(md)
+
+
+# -- the window's verdict -------------------------------------------------------------------------------
+
+
+def window(spec: AnalysisSpec, canary: list[float], stable: list[float], **values: float) -> list[Sample]:
+    base = {REQUESTS: 300.0, ERROR_RATE: 0.0, P99: 40.0, **values}
+    out = []
+    for q in build_queries(spec, namespace="ns", name="m", revision="c1", stable="s1", interval="30s"):
+        if q.metric == JUDGE_LATENCY:
+            out.append(Sample(q, None, series=tuple(canary), baseline=tuple(stable)))
+        elif q.metric == JUDGE_ERRORS:
+            out.append(Sample(q, None, series=(0.0,) * 15, baseline=(0.0,) * 15))
+        else:
+            out.append(Sample(q, base.get(q.metric, 0.0)))
+    return out
+
+
+def test_a_slower_canary_under_the_fixed_p99_limit_fails_the_window_on_the_judge():
+    j = judge(window(JUDGED, SLOWER_MS, STABLE_MS), T0)
+    assert j.verdict == "Fail" and j.failing is not None and j.failing.metric == JUDGE_LATENCY
+    by = {m.metric: m for m in j.measurements}
+    assert by[P99].verdict == "Pass"  # the fixed threshold alone would have passed it
+    m = by[JUDGE_LATENCY]
+    # the stable's one slow window (25.9 ms) is outside the far-out fences: 14 of its 15 samples count
+    assert m.judge is not None and m.judge.canary_samples == 15 and m.judge.stable_samples == 14
+    assert m.judge.canary is not None and m.judge.stable is not None and m.judge.canary > m.judge.stable
+    out = advance(JUDGED, None, j, T0)
+    assert out.action == "fail" and "judge-latency-ms: Fail: increase +" in out.reason
+
+
+def test_a_dry_run_judge_is_measured_and_shown_but_never_decides():
+    spec = JUDGED.model_copy(update={"dry_run": [JUDGE_LATENCY]})
+    j = judge(window(spec, SLOWER_MS, STABLE_MS), T0)
+    assert j.verdict == "Pass"
+    m = {x.metric: x for x in j.measurements}[JUDGE_LATENCY]
+    assert m.verdict == "Fail" and m.dry_run is True
+
+
+def test_a_dry_run_fixed_threshold_never_decides_either():
+    spec = AnalysisSpec.model_validate({"dryRun": [P99], "maxP99LatencyMs": 10})
+    samples = [
+        Sample(q, {REQUESTS: 300.0, ERROR_RATE: 0.0, P99: 40.0}.get(q.metric, 0.0))
+        for q in build_queries(spec, namespace="ns", name="m", revision="c1", stable="s1", interval="30s")
+    ]
+    j = judge(samples, T0)
+    assert j.verdict == "Pass" and {m.metric: m for m in j.measurements}[P99].verdict == "Fail"
+
+
+def test_inconclusive_windows_hold_the_step_then_pause_for_a_human():
+    spec = AnalysisSpec.model_validate({"judge": {"sampleInterval": "2s", "inconclusiveLimit": 2}})
+    j = judge(window(spec, SLOWER_MS[:4], STABLE_MS), T0)
+    assert j.verdict == "Inconclusive"
+    first = advance(spec, None, j, T0)
+    assert first.action == "hold" and first.verdict == "Inconclusive"
+    assert first.state.consecutive_inconclusive == 1 and first.state.paused_reason is None
+    second = advance(spec, first.state, j, T0 + timedelta(seconds=30))
+    assert second.action == "pause" and second.state.paused_reason is not None
+    assert "2/2 inconclusive windows" in second.state.paused_reason
+
+
+def test_a_passing_window_starts_the_inconclusive_count_over():
+    spec = AnalysisSpec.model_validate({"judge": {"sampleInterval": "2s", "inconclusiveLimit": 2}})
+    held = advance(spec, None, judge(window(spec, SLOWER_MS[:4], STABLE_MS), T0), T0)
+    passed = advance(spec, held.state, judge(window(spec, SAME_MS, STABLE_MS), T0), T0)
+    assert passed.action == "pass" and passed.state.consecutive_inconclusive == 0
