@@ -109,13 +109,22 @@ def render_status(md: dict[str, Any], now: datetime | None = None) -> str:
             for c in st.get("conditions") or []
         ],
     )
+    measurements = (st.get("analysis") or {}).get("measurements") or []
     lines += _section(
-        ("METRIC", "VALUE", "THRESHOLD", "VERDICT", "AGE"),
+        ("METRIC", "REVISION", "VALUE", "THRESHOLD", "VERDICT", "AGE"),
         [
-            (m.get("metric"), m.get("value"), m.get("threshold"), m.get("verdict"), _age(m.get("time"), now))
-            for m in (st.get("analysis") or {}).get("measurements") or []
+            (
+                m.get("metric"),
+                m.get("revision"),
+                m.get("value"),
+                m.get("threshold"),
+                f"{m.get('verdict')}{' (dry run)' if m.get('dryRun') else ''}",
+                _age(m.get("time"), now),
+            )
+            for m in measurements
         ],
     )
+    lines += judge_chart(measurements, now)
     lines += _section(
         ("REVISION", "OUTCOME", "AGE", "REASON"),
         [
@@ -124,6 +133,59 @@ def render_status(md: dict[str, Any], now: datetime | None = None) -> str:
         ],
     )
     return "\n".join(lines) + "\n"
+
+
+BAR = 24  # characters of the longest bar in a judge chart
+
+
+def judge_chart(measurements: list[dict[str, Any]], now: datetime) -> list[str]:
+    """The statistical judge's windows as a text chart (pure): per judged metric, per window, the
+    canary's and the stable's median sample as bars on one scale, the increase with its interval, the
+    p-value and the verdict."""
+    judged: dict[str, list[dict[str, Any]]] = {}
+    for m in measurements:
+        if m.get("judge"):
+            judged.setdefault(str(m.get("metric")), []).append(m)
+    lines: list[str] = []
+    for metric, ms in judged.items():
+        values = [
+            v for m in ms for v in (m["judge"].get("canary"), m["judge"].get("stable")) if v is not None
+        ]
+        top = max(values, default=0.0) or 1.0
+        relative = "latency" in metric or "ttft" in metric
+        limit = ms[-1].get("threshold")
+        lines += [
+            "",
+            f"  {metric}: canary vs stable, median of each window's samples; allowed "
+            f"{_increase(limit, relative)}",
+        ]
+        for m in ms:
+            j = m["judge"]
+            lines.append(
+                f"    {_age(m.get('time'), now):>5}  canary {_bar(j.get('canary'), top)}"
+                f"  stable {_bar(j.get('stable'), top)}  {_increase(m.get('value'), relative)}"
+                f" [{_increase(j.get('low'), relative)}, {_increase(j.get('high'), relative)}]"
+                f" p={_g(j.get('pValue'))} n={j.get('canarySamples')}/{j.get('stableSamples')}"
+                f"  {m.get('verdict')}{' (dry run)' if m.get('dryRun') else ''}"
+            )
+    return lines
+
+
+def _bar(value: float | None, top: float) -> str:
+    if value is None:
+        return "-".ljust(BAR) + "      -"
+    length = max(1, round(BAR * value / top)) if value > 0 else 0
+    return ("█" * length).ljust(BAR) + f" {value:6.4g}"
+
+
+def _increase(x: float | None, relative: bool) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 100:+.1f}%" if relative else f"{x:+.4g}"
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2g}"
 
 
 def _section(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:

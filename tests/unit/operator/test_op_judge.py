@@ -10,6 +10,7 @@ import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from modeldeploy import cli
 from modeldeploy.analysis import (
     ERROR_RATE,
     JUDGE_ERRORS,
@@ -226,3 +227,28 @@ def test_a_passing_window_starts_the_inconclusive_count_over():
     held = advance(spec, None, judge(window(spec, SLOWER_MS[:4], STABLE_MS), T0), T0)
     passed = advance(spec, held.state, judge(window(spec, SAME_MS, STABLE_MS), T0), T0)
     assert passed.action == "pass" and passed.state.consecutive_inconclusive == 0
+
+
+# -- what kubectl modeldeploy status shows --------------------------------------------------------------
+
+
+def test_status_draws_each_judged_window_as_canary_and_stable_bars_with_the_verdict():
+    spec = JUDGED.model_copy(update={"dry_run": [JUDGE_ERRORS]})
+    st = advance(spec, None, judge(window(spec, SAME_MS, STABLE_MS), T0), T0).state
+    st = advance(spec, st, judge(window(spec, SLOWER_MS, STABLE_MS), T0 + timedelta(seconds=30)), T0).state
+    md = {
+        "metadata": {"name": "m", "namespace": "ns", "generation": 2},
+        "spec": {"model": {"name": "echo", "version": "2"}},
+        "status": {"observedGeneration": 2, "analysis": st.to_api()},
+    }
+    text = cli.render_status(md, now=T0 + timedelta(seconds=40))
+    chart = text[text.index("judge-latency-ms: canary vs stable") :].splitlines()
+    assert "allowed +20.0%" in chart[0]
+    passed, failed = chart[1], chart[2]
+    assert passed.rstrip().endswith("Pass") and failed.rstrip().endswith("Fail")
+    # one scale: the slower canary's bar is the longest; the stable's is as long in both windows
+    bars = [len(part.split()[0]) for part in failed.split("canary ")[1].split("stable ")]
+    assert bars[0] == cli.BAR and bars[1] < cli.BAR
+    assert "+28.0% [" in failed and "n=15/14" in failed
+    # the dry-run measurement is shown as such in the table
+    assert any(JUDGE_ERRORS in line and "(dry run)" in line for line in text.splitlines())
