@@ -8,6 +8,9 @@ from __future__ import annotations
 from md_canary import World, canary_md
 from modeldeploy.analysis import ERROR_RATE
 
+AT_REST = ("False", "RolloutComplete")
+NOT_STALLED = ("False", "AsExpected")
+
 
 def kstatus_view(w: World) -> dict[str, tuple[str, str]]:
     return {t: (w.cond(t)["status"], w.cond(t)["reason"]) for t in ("Reconciling", "Stalled")}
@@ -17,7 +20,7 @@ def test_at_rest_neither_reconciling_nor_stalled():
     w = World()
     w.deploy_first()
     assert w.status["phase"] == "Healthy"
-    assert kstatus_view(w) == {"Reconciling": ("False", "RolloutComplete"), "Stalled": ("False", "AsExpected")}
+    assert kstatus_view(w) == {"Reconciling": AT_REST, "Stalled": NOT_STALLED}
 
 
 def test_a_canary_mid_rollout_is_reconciling_although_ready():
@@ -28,7 +31,7 @@ def test_a_canary_mid_rollout_is_reconciling_although_ready():
     assert w.status["phase"] == "Progressing" and w.cond("Ready")["status"] == "True"
     assert kstatus_view(w)["Reconciling"] == ("True", "CanaryProgressing")
     assert w.cond("Reconciling")["message"] == w.cond("Progressing")["message"]
-    assert kstatus_view(w)["Stalled"] == ("False", "AsExpected")
+    assert kstatus_view(w)["Stalled"] == NOT_STALLED
 
 
 def test_a_paused_rollout_is_reconciling_with_the_pause_as_reason():
@@ -48,11 +51,11 @@ def test_a_rolled_back_revision_is_stalled_until_the_spec_changes():
     w.reconcile()
     w.run_for(10)
     assert w.status["phase"] == "Degraded"
-    assert kstatus_view(w) == {"Reconciling": ("False", "RolloutComplete"), "Stalled": ("True", "RolledBack")}
+    assert kstatus_view(w) == {"Reconciling": AT_REST, "Stalled": ("True", "RolledBack")}
     assert w.cond("Stalled")["message"] == w.cond("Degraded")["message"]
     w.new_version("3")
     w.reconcile()
-    assert kstatus_view(w) == {"Reconciling": ("True", "CanaryProgressing"), "Stalled": ("False", "AsExpected")}
+    assert kstatus_view(w) == {"Reconciling": ("True", "CanaryProgressing"), "Stalled": NOT_STALLED}
 
 
 def test_the_derived_conditions_post_no_events_of_their_own():
