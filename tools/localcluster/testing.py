@@ -28,6 +28,7 @@ import urllib3
 from .cluster import Cluster, binaries_dir, down, up
 from .kubeapi import KubeAPI, KubeError, ready_endpoints
 from .objectstore import ObjectStore
+from .status_record import StatusRecorder
 
 T = TypeVar("T")
 
@@ -69,6 +70,8 @@ class Kube:
         self.kubeconfig = cluster.kubeconfig
         self.kubectl_bin = kubectl
         self.api = KubeAPI(cluster.kubeconfig)
+        # MODELDEPLOY_RECORD_STATUSES=<dir>: every ModelDeployment state read is written there (fixtures)
+        self.recorder = StatusRecorder.from_env()
 
     @property
     def env(self) -> dict[str, str]:
@@ -95,7 +98,10 @@ class Kube:
         self.kubectl(*args, input=text)
 
     def get(self, path: str) -> dict[str, Any] | None:
-        return self.api.get(path, ok_missing=True)
+        obj = self.api.get(path, ok_missing=True)
+        if self.recorder is not None:
+            self.recorder.saw(obj)
+        return obj
 
     def pods(self, namespace: str, selector: str = "") -> list[dict[str, Any]]:
         params = {"labelSelector": selector} if selector else None
