@@ -63,6 +63,7 @@ from .api_rollout import (
     RolloutSpec,
     ShadowSpec,
     TrafficRoutingSpec,
+    WebhookSpec,
 )
 from .api_status import (
     HISTORY_LIMIT,
@@ -149,6 +150,7 @@ __all__ = [
     "StorageSpec",
     "Toleration",
     "TrafficRoutingSpec",
+    "WebhookSpec",
     "cel_rule",
     "cel_validations",
     "check_quantity",

@@ -329,6 +329,55 @@ class ShadowSpec(ApiModel):
         return value
 
 
+class WebhookSpec(ApiModel):
+    """A receiver of this ModelDeployment's rollout events (never in the rollout's way)."""
+
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://[^/@\s]+(/\S*)?$",
+        description="POSTed to for each event; signed (X-ModelDeploy-Signature-256) when the operator has a "
+        "signing key. No credentials in the URL.",
+    )
+    format: Literal["json", "slack", "cloudevents"] = Field(
+        default="json", description="json, a Slack-compatible {text}, or CloudEvents 1.0 (structured)."
+    )
+    events: list[
+        Literal[
+            "Started",
+            "ShadowResult",
+            "StepAdvanced",
+            "Promoted",
+            "RolledBack",
+            "FailedBack",
+            "Paused",
+            "FallbackOn",
+            "FallbackOff",
+        ]
+    ] = Field(
+        default_factory=list,
+        max_length=9,
+        description="The events to send (empty: all).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    timeout: Duration = Field(
+        default="5s",
+        description="One try, connect to the answer's status (at most 30s); 3 tries with backoff.",
+        json_schema_extra=cel_validations(
+            cel_rule(
+                "duration(self) <= duration('30s')",
+                "spec.rollout.notifications[].timeout must be at most 30s",
+            )
+        ),
+    )
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, value: str) -> str:
+        if parse_duration(value) > 30:
+            raise ValueError("spec.rollout.notifications[].timeout must be at most 30s")
+        return value
+
+
 class KeepPreviousSpec(ApiModel):
     """Warm standby of the previous stable revision after a promotion."""
 
@@ -383,6 +432,12 @@ class RolloutSpec(ApiModel):
     paused: bool = Field(default=False, description="Hold the current step.")
     shadow: ShadowSpec | None = Field(
         default=None, description="A shadow stage before the first step (unset: none)."
+    )
+    notifications: list[WebhookSpec] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Webhooks told of this rollout's events (started, shadow result, step advanced, "
+        "promoted, rolled back, failed back, paused, fallback on/off).",
     )
 
     model_config = ConfigDict(

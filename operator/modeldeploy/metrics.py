@@ -32,6 +32,18 @@ EVENTS_DROPPED = Counter(
     "modeldeploy_events_dropped_total", "Kubernetes events dropped because the posting queue was full."
 )
 EVENTS_FAILED = Counter("modeldeploy_events_failed_total", "Kubernetes events the apiserver did not take.")
+NOTIFICATIONS = Counter(
+    "modeldeploy_notifications_total",
+    "Rollout notifications by result: delivered, failed (every try), dropped (the queue was full).",
+    ["result"],
+)
+NOTIFICATION_ATTEMPTS = Counter(
+    "modeldeploy_notification_attempts_total",
+    "Webhook tries of rollout notifications, by result.",
+    ["result"],
+)
+for _result in ("delivered", "failed", "dropped"):
+    NOTIFICATIONS.labels(result=_result)
 QUEUE_DEPTH = Gauge("modeldeploy_queue_depth", "ModelDeployments waiting for a reconcile.")
 MANAGED = Gauge("modeldeploy_managed_modeldeployments", "ModelDeployments seen by this operator.")
 CANARY_WEIGHT = Gauge(

@@ -35,6 +35,7 @@ from .kube import (
     KubeError,
     ResourceType,
 )
+from .notify import Notifier, Webhook, notification_for, own_webhooks
 from .plan import EventSpec, Observed, Plan, error_status, plan
 from .rollout_types import COMMAND_ANNOTATION, AnalysisRequest
 from .status import (
@@ -128,8 +129,14 @@ class Reconciler:
         measurements: Measurements | None = None,
         cache: ChildCache | None = None,
         events: EventSink | None = None,
+        notifier: Notifier | None = None,
+        webhooks: Sequence[Webhook] = (),
     ):
         self.kube = kube
+        # rollout notifications (queued, never waited for): every ModelDeployment's to ``webhooks`` (the
+        # cluster-wide default), and each one's to its own spec.rollout.notifications
+        self.notifier = notifier
+        self.webhooks = tuple(webhooks)
         # where Events go: posted before the reconcile goes on, unless the operator hands a background poster
         self.events = events or PostNow(kube)
         # children from the watches (no LIST per reconcile); None: LIST them
@@ -431,6 +438,20 @@ class Reconciler:
         log_fn = log.warning if ev.type == "Warning" else log.info
         log_fn("%s/%s: %s: %s", meta.get("namespace"), meta["name"], ev.reason, ev.message)
         self.events.post(body)
+        if self.notifier is not None:
+            self._notify(raw, ev)
+
+    def _notify(self, raw: dict[str, Any], ev: EventSpec) -> None:
+        """Queue the notification ``ev`` is, if any, for the default webhooks and the resource's own."""
+        meta = raw["metadata"]
+        n = notification_for(
+            meta.get("namespace", "default"), meta["name"], ev.reason, ev.type, ev.message, self.clock()
+        )
+        if n is None or self.notifier is None:
+            return
+        hooks = [*self.webhooks, *own_webhooks(raw)]
+        if hooks:
+            self.notifier.send(n, hooks)
 
     # -------------------------------------------------------------------------------- failures
     def _invalid(self, raw: dict[str, Any], err: ValidationError) -> Result:

@@ -120,7 +120,7 @@ def test_cel_rules_name_their_field():
         assert r["message"], path
         assert (
             "fieldPath" in r
-            or path.endswith(("steps", "buckets", "interval", "sampleInterval", "duration", "[]"))
+            or path.endswith(("steps", "buckets", "interval", "sampleInterval", "timeout", "duration", "[]"))
             or path == ""
         ), (
             path,

@@ -1,0 +1,295 @@
+"""Rollout notifications: webhooks told of a rollout's events, never in its way.
+
+* **What** (pure): :func:`notification_type` maps the Events a reconcile posts to the notification types
+  a user subscribes to (``Started``, ``ShadowResult``, ``StepAdvanced``, ``Promoted``, ``RolledBack``,
+  ``FailedBack``, ``Paused``, ``FallbackOn``, ``FallbackOff``); :func:`body` renders one in the
+  webhook's ``format``: ``json`` (our document), ``slack`` (an incoming-webhook ``text``), or
+  ``cloudevents`` (CloudEvents 1.0, structured JSON mode).
+* **Signed**: with the operator's signing key (a mounted Secret, ``--notification-signing-key-file``),
+  each body carries ``X-ModelDeploy-Signature-256: sha256=<hex HMAC-SHA256 of the body>`` under a key
+  derived for the ModelDeployment's namespace (:func:`namespace_key`; ``kubectl modeldeploy
+  notification-key`` prints it for a team): a team can check what it receives and cannot sign for
+  another namespace. The operator reads no Secret through the API (docs/security.md).
+* **Never in the way** (I/O): :class:`Notifier` queues deliveries for a thread of its own (a bounded
+  queue; when full, a delivery is dropped and counted) and returns at once; each delivery is tried up
+  to ``attempts`` times with exponential backoff, each try bounded by the webhook's ``timeout`` (connect
+  to the last byte of the answer, whose body is not read), no redirects. A receiver that is down, answers
+  500 or hangs costs its own deliveries and nothing else. Counted in
+  ``modeldeploy_notifications_total{result}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from . import metrics
+from .api import WebhookSpec, parse_duration
+
+log = logging.getLogger(__name__)
+
+NotificationType = Literal[
+    "Started",
+    "ShadowResult",
+    "StepAdvanced",
+    "Promoted",
+    "RolledBack",
+    "FailedBack",
+    "Paused",
+    "FallbackOn",
+    "FallbackOff",
+]
+NOTIFICATION_TYPES: tuple[NotificationType, ...] = NotificationType.__args__  # type: ignore[attr-defined]
+
+#: Event reasons (what a reconcile posts) -> the notification they are
+BY_REASON: dict[str, NotificationType] = {
+    "CanaryStarted": "Started",
+    "ShadowPassed": "ShadowResult",
+    "ShadowSkipped": "ShadowResult",
+    "StepAdvanced": "StepAdvanced",
+    "Promoted": "Promoted",
+    "RolledBack": "RolledBack",
+    "Aborted": "RolledBack",
+    "FailedBack": "FailedBack",
+    "AnalysisPaused": "Paused",
+    "FallbackActivated": "FallbackOn",
+    "FallbackDeactivated": "FallbackOff",
+}
+SIGNATURE_HEADER = "X-ModelDeploy-Signature-256"
+SOURCE = "modeldeploy"
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """Where to tell, how, and what (``events`` empty: every type)."""
+
+    url: str
+    format: Literal["json", "slack", "cloudevents"] = "json"
+    events: tuple[str, ...] = ()
+    timeout: float = 5.0
+
+
+@dataclass(frozen=True)
+class Notification:
+    type: NotificationType
+    namespace: str
+    name: str
+    reason: str  # the Event's reason
+    message: str
+    severity: Literal["Normal", "Warning"]
+    time: datetime
+    id: str
+
+
+def notification_type(reason: str, message: str) -> NotificationType | None:
+    """The notification an Event is, if any (a rollback in the shadow stage is the shadow's result)."""
+    kind = BY_REASON.get(reason)
+    if kind == "RolledBack" and "shadow stage failed" in message:
+        return "ShadowResult"
+    return kind
+
+
+def wanted(hook: Webhook, kind: NotificationType) -> bool:
+    return not hook.events or kind in hook.events
+
+
+def document(n: Notification) -> dict[str, Any]:
+    """The ``json`` format."""
+    return {
+        "type": n.type,
+        "reason": n.reason,
+        "severity": n.severity,
+        "namespace": n.namespace,
+        "name": n.name,
+        "message": n.message,
+        "time": n.time.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "id": n.id,
+        "source": SOURCE,
+    }
+
+
+def body(n: Notification, fmt: str) -> tuple[bytes, str]:
+    """(body, content type) of ``n`` in the webhook format ``fmt``."""
+    doc = document(n)
+    if fmt == "slack":
+        mark = ":warning:" if n.severity == "Warning" else ":white_check_mark:"
+        payload: dict[str, Any] = {
+            "text": f"{mark} ModelDeployment {n.namespace}/{n.name}: {n.type}: {n.message}"
+        }
+        return json.dumps(payload).encode(), "application/json"
+    if fmt == "cloudevents":
+        payload = {
+            "specversion": "1.0",
+            "type": f"io.modeldeploy.rollout.{n.type[0].lower()}{n.type[1:]}",
+            "source": f"/apis/modeldeploy.io/v1alpha1/namespaces/{n.namespace}/modeldeployments/{n.name}",
+            "id": n.id,
+            "time": doc["time"],
+            "subject": n.name,
+            "datacontenttype": "application/json",
+            "data": doc,
+        }
+        return json.dumps(payload).encode(), "application/cloudevents+json"
+    return json.dumps(doc).encode(), "application/json"
+
+
+def namespace_key(master: bytes, namespace: str) -> bytes:
+    """The signing key of one namespace's notifications, derived from the operator's key."""
+    return hmac.new(master, b"modeldeploy-notifications:" + namespace.encode(), hashlib.sha256).digest()
+
+
+def signature(key: bytes, data: bytes) -> str:
+    return "sha256=" + hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def notification_for(
+    namespace: str, name: str, reason: str, severity: str, message: str, now: datetime
+) -> Notification | None:
+    kind = notification_type(reason, message)
+    if kind is None:
+        return None
+    sev: Literal["Normal", "Warning"] = "Warning" if severity == "Warning" else "Normal"
+    return Notification(kind, namespace, name, reason, message[:4096], sev, now, str(uuid.uuid4()))
+
+
+def own_webhooks(raw: dict[str, Any]) -> list[Webhook]:
+    """A ModelDeployment's ``spec.rollout.notifications`` (as admitted; one that does not parse: none)."""
+    out = []
+    for item in ((raw.get("spec") or {}).get("rollout") or {}).get("notifications") or []:
+        try:
+            w = WebhookSpec.model_validate(item)
+        except ValueError as e:
+            log.warning("notifications: a webhook that does not parse is skipped: %s", e)
+            continue
+        out.append(Webhook(w.url, w.format, tuple(w.events), parse_duration(w.timeout)))
+    return out
+
+
+class Notifier:
+    """Delivers notifications from a thread with its own event loop; :meth:`send` never waits."""
+
+    def __init__(
+        self,
+        signing_key: bytes | None = None,
+        *,
+        attempts: int = 3,
+        backoff: float = 1.0,
+        queue_size: int = 1000,
+        concurrency: int = 16,
+    ) -> None:
+        self.signing_key = signing_key
+        self.attempts, self.backoff = attempts, backoff
+        self.queue_size, self.concurrency = queue_size, concurrency
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._limit: asyncio.Semaphore | None = None
+
+    def start(self) -> Notifier:
+        ready = threading.Event()
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop, self._limit = loop, asyncio.Semaphore(self.concurrency)
+            ready.set()
+            loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="modeldeploy-notifications", daemon=True)
+        self._thread.start()
+        ready.wait(5)
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            return
+
+        async def shutdown() -> None:
+            for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+                task.cancel()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout)
+        except Exception as e:  # pragma: no cover - the loop goes anyway
+            log.warning("notifications: shutdown: %s", e)
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def pending(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def send(self, n: Notification, hooks: Sequence[Webhook]) -> None:
+        """Queue ``n`` for each of ``hooks`` that wants it; returns at once (a full queue drops, counted)."""
+        for hook in hooks:
+            if not wanted(hook, n.type):
+                continue
+            with self._lock:
+                full = self._pending >= self.queue_size or self._loop is None
+                if not full:
+                    self._pending += 1
+            if full:
+                metrics.NOTIFICATIONS.labels(result="dropped").inc()
+                log.warning("notifications: queue full, dropped %s for %s/%s", n.type, n.namespace, n.name)
+                continue
+            assert self._loop is not None
+            asyncio.run_coroutine_threadsafe(self._deliver(n, hook), self._loop)
+
+    async def _deliver(self, n: Notification, hook: Webhook) -> None:
+        data, content_type = body(n, hook.format)
+        headers = {"Content-Type": content_type, "User-Agent": "modeldeploy-operator"}
+        if self.signing_key is not None:
+            headers[SIGNATURE_HEADER] = signature(namespace_key(self.signing_key, n.namespace), data)
+        try:
+            assert self._limit is not None
+            async with self._limit:
+                result = await self._tries(hook, data, headers)
+        finally:
+            with self._lock:
+                self._pending -= 1
+        metrics.NOTIFICATIONS.labels(result=result).inc()
+
+    async def _tries(self, hook: Webhook, data: bytes, headers: dict[str, str]) -> str:
+        why = ""
+        for attempt in range(self.attempts):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(hook.timeout), aiohttp.ClientSession() as session:
+                    resp = await session.post(hook.url, data=data, headers=headers, allow_redirects=False)
+                    resp.close()
+                    if 200 <= resp.status < 300:
+                        return "delivered"
+                    why = f"HTTP {resp.status}"
+            except TimeoutError:
+                why = f"no answer within {hook.timeout:g}s"
+            except (aiohttp.ClientError, OSError, ValueError) as e:
+                why = f"{type(e).__name__}: {e}"
+            metrics.NOTIFICATION_ATTEMPTS.labels(result="failed").inc()
+            log.info(
+                "notification to %s failed (%s, %.1fs)", _host(hook.url), why, time.monotonic() - started
+            )
+        log.warning("notification to %s given up after %d tries: %s", _host(hook.url), self.attempts, why)
+        return "failed"
+
+
+def _host(url: str) -> str:
+    """The URL without its path and credentials (for logs: a webhook URL's path is often its secret)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")

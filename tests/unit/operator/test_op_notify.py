@@ -1,0 +1,240 @@
+"""Rollout notifications: which Events are which notification, the three body formats, the signature a
+team can check with its namespace key, and delivery that never waits -- against real HTTP receivers on
+127.0.0.1 that record, answer 500, or hang."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from modeldeploy import metrics
+from modeldeploy.notify import (
+    SIGNATURE_HEADER,
+    Notification,
+    Notifier,
+    Webhook,
+    body,
+    namespace_key,
+    notification_for,
+    own_webhooks,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+KEY = b"operator-signing-key"
+
+
+class Receiver(ThreadingHTTPServer):
+    """Records each POST (headers, body); answers ``status``, or holds the connection while ``hang``."""
+
+    daemon_threads = True
+
+    def __init__(self, status: int = 200, hang: bool = False) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.status, self.hang = status, hang
+        self.got: list[tuple[dict[str, str], bytes]] = []
+        self.release = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/hook/secret-path"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Receiver
+
+    def do_POST(self) -> None:
+        data = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.got.append(({k.lower(): v for k, v in self.headers.items()}, data))
+        if self.server.hang:
+            self.server.release.wait(20)
+            return
+        self.send_response(self.server.status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def serve() -> Iterator[type[Receiver]]:
+    started: list[Receiver] = []
+
+    def start(status: int = 200, hang: bool = False) -> Receiver:
+        r = Receiver(status, hang)
+        threading.Thread(target=r.serve_forever, daemon=True).start()
+        started.append(r)
+        return r
+
+    yield start  # type: ignore[misc]
+    for r in started:
+        r.release.set()
+        r.shutdown()
+
+
+@pytest.fixture
+def notifier() -> Iterator[Notifier]:
+    n = Notifier(KEY, attempts=3, backoff=0.05).start()
+    yield n
+    n.stop()
+
+
+def promoted(ns: str = "team-a") -> Notification:
+    n = notification_for(ns, "echo", "Promoted", "Normal", "revision 5d7f: every step passed", T0)
+    assert n is not None
+    return n
+
+
+def wait_for(pred, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.02)
+
+
+def count(result: str) -> float:
+    return metrics.NOTIFICATIONS.labels(result=result)._value.get()
+
+
+# -- what -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reason", "message", "kind"),
+    [
+        ("CanaryStarted", "revision a: step 1/3", "Started"),
+        ("ShadowPassed", "revision a: shadow stage passed", "ShadowResult"),
+        ("RolledBack", "revision a: shadow stage failed: agreement 0.2 < 0.9", "ShadowResult"),
+        ("StepAdvanced", "revision a: step 2/3", "StepAdvanced"),
+        ("Promoted", "revision a", "Promoted"),
+        ("RolledBack", "revision a: error-rate 0.2 > 0.05", "RolledBack"),
+        ("FailedBack", "revision a", "FailedBack"),
+        ("AnalysisPaused", "revision a: 4/4 query errors", "Paused"),
+        ("FallbackActivated", "no GPU pod in traffic", "FallbackOn"),
+        ("FallbackDeactivated", "GPU pods back", "FallbackOff"),
+        ("Created", "created Deployment", None),
+        ("AnalysisPassed", "all checks passed", None),
+    ],
+)
+def test_events_that_are_notifications(reason, message, kind):
+    n = notification_for("ns", "m", reason, "Normal", message, T0)
+    assert (n.type if n else None) == kind
+
+
+def test_the_three_formats():
+    n = promoted()
+    data, ctype = body(n, "json")
+    doc = json.loads(data)
+    assert ctype == "application/json"
+    assert doc["type"] == "Promoted" and doc["namespace"] == "team-a" and doc["name"] == "echo"
+    assert doc["time"] == "2026-12-04T12:00:00Z" and doc["message"].startswith("revision 5d7f")
+    slack = json.loads(body(n, "slack")[0])
+    assert set(slack) == {"text"} and "team-a/echo: Promoted" in slack["text"]
+    data, ctype = body(n, "cloudevents")
+    ce = json.loads(data)
+    assert ctype == "application/cloudevents+json"
+    assert ce["specversion"] == "1.0" and ce["type"] == "io.modeldeploy.rollout.promoted"
+    assert ce["source"] == "/apis/modeldeploy.io/v1alpha1/namespaces/team-a/modeldeployments/echo"
+    assert ce["id"] == n.id and ce["data"]["type"] == "Promoted"
+
+
+def test_a_modeldeployments_own_webhooks_come_from_its_spec():
+    raw = {
+        "spec": {
+            "rollout": {
+                "notifications": [
+                    {
+                        "url": "http://hooks.example/a",
+                        "format": "slack",
+                        "events": ["Promoted"],
+                        "timeout": "2s",
+                    },
+                    {"url": "ftp://nope"},  # not admitted by the apiserver; skipped if it ever got here
+                ]
+            }
+        }
+    }
+    assert own_webhooks(raw) == [Webhook("http://hooks.example/a", "slack", ("Promoted",), 2.0)]
+    assert own_webhooks({"spec": {}}) == []
+
+
+# -- delivery -------------------------------------------------------------------------------------------
+
+
+def test_a_delivery_is_signed_with_the_namespace_key_a_team_can_check(serve, notifier):
+    r = serve()
+    notifier.send(promoted("team-a"), [Webhook(r.url)])
+    wait_for(lambda: r.got)
+    headers, data = r.got[0]
+    team_key = namespace_key(KEY, "team-a")
+    expected = "sha256=" + hmac.new(team_key, data, hashlib.sha256).hexdigest()
+    assert headers[SIGNATURE_HEADER.lower()] == expected
+    # another namespace's key does not verify it: a team cannot sign for another
+    other = "sha256=" + hmac.new(namespace_key(KEY, "team-b"), data, hashlib.sha256).hexdigest()
+    assert headers[SIGNATURE_HEADER.lower()] != other
+    assert json.loads(data)["type"] == "Promoted"
+
+
+def test_only_the_events_a_webhook_asked_for_are_sent(serve, notifier):
+    r = serve()
+    started = notification_for("ns", "m", "CanaryStarted", "Normal", "revision a", T0)
+    assert started is not None
+    notifier.send(started, [Webhook(r.url, events=("Promoted",))])
+    notifier.send(promoted(), [Webhook(r.url, events=("Promoted",))])
+    wait_for(lambda: len(r.got) == 1 and notifier.pending() == 0)
+    assert [json.loads(d)["type"] for _, d in r.got] == ["Promoted"]
+
+
+def test_a_receiver_answering_500_is_tried_three_times_then_counted_failed(serve, notifier):
+    r = serve(status=500)
+    failed = count("failed")
+    notifier.send(promoted(), [Webhook(r.url)])
+    wait_for(lambda: notifier.pending() == 0)
+    assert len(r.got) == 3 and count("failed") == failed + 1
+
+
+def test_a_hanging_receiver_never_makes_send_wait_and_costs_a_timeout_per_try(serve):
+    r = serve(hang=True)
+    n = Notifier(KEY, attempts=2, backoff=0.05).start()
+    try:
+        t0 = time.monotonic()
+        for _ in range(20):
+            n.send(promoted(), [Webhook(r.url, timeout=0.5)])
+        assert time.monotonic() - t0 < 0.2  # queued, not sent, by the caller
+        failed = count("failed")
+        wait_for(lambda: n.pending() == 0, timeout=15)
+        assert count("failed") == failed + 20
+    finally:
+        n.stop()
+
+
+def test_a_full_queue_drops_and_counts(serve):
+    r = serve(hang=True)
+    n = Notifier(KEY, attempts=1, queue_size=2, concurrency=1).start()
+    try:
+        dropped = count("dropped")
+        for _ in range(5):
+            n.send(promoted(), [Webhook(r.url, timeout=5)])
+        assert count("dropped") == dropped + 3 and n.pending() == 2
+    finally:
+        n.stop()
+
+
+def test_without_a_signing_key_nothing_is_signed(serve):
+    r = serve()
+    n = Notifier(None).start()
+    try:
+        n.send(promoted(), [Webhook(r.url)])
+        wait_for(lambda: r.got)
+    finally:
+        n.stop()
+    assert SIGNATURE_HEADER.lower() not in r.got[0][0]
