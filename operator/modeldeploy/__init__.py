@@ -17,7 +17,7 @@ Modules, by layer (operator -> reconciler -> plan -> canary -> builders -> api):
   watches and LISTs saw), :mod:`.events` (Events, posted in the background), :mod:`.notify` (rollout webhooks, delivered
   in the background), :mod:`.metrics`;
 * wiring: :mod:`.controller` (work queue, peering gate), :mod:`.operator` (kopf, ``python -m
-  modeldeploy``), :mod:`.cli` (``kubectl-modeldeploy``).
+  modeldeploy``) with :mod:`.settings` (its flags and environment), :mod:`.cli` (``kubectl-modeldeploy``).
 """
 
 __version__ = "0.1.0"

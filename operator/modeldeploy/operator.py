@@ -2,6 +2,8 @@
 
     python -m modeldeploy [--namespace NS ...] [--standalone] [--priority N] ...
 
+(the flags and their ``MODELDEPLOY_*`` variables: :mod:`modeldeploy.settings`).
+
 Handlers are thin: every watch event of a ModelDeployment or of one of its children (by the
 ``modeldeploy.io/name`` label, filtered server-side; HTTPRoutes too unless ``--no-watch-httproutes``)
 only enqueues the ModelDeployment in the
@@ -16,11 +18,9 @@ replica that sees a live peer of higher or equal priority, and the default prior
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
-import random
 import socket
 import sys
 from collections.abc import Callable, Mapping
@@ -50,7 +50,8 @@ from .kube import (
 from .measurements import MeasurementRunner
 from .promclient import PromConfig
 from .reconciler import Reconciler
-from .resync import DEFAULT_PERIOD, Resyncer
+from .resync import Resyncer
+from .settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("modeldeploy")
 
@@ -73,7 +74,7 @@ def child_resources(watch_httproutes: bool) -> tuple[tuple[str, str, str], ...]:
 ANNOTATION_PREFIX = "modeldeploy.io"
 
 
-def build_settings(args: argparse.Namespace) -> kopf.OperatorSettings:
+def kopf_settings(args: Settings) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -191,83 +192,6 @@ def build_registry(
     return registry
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    env = os.environ.get
-    p = argparse.ArgumentParser(prog="python -m modeldeploy", description="The ModelDeploy operator.")
-    p.add_argument(
-        "-n",
-        "--namespace",
-        action="append",
-        default=[n for n in env("MODELDEPLOY_NAMESPACES", "").split(",") if n],
-        help="watch only these namespaces (repeatable; env MODELDEPLOY_NAMESPACES, comma list); "
-        "default: cluster-wide",
-    )
-    p.add_argument(
-        "--standalone",
-        action="store_true",
-        default=env("MODELDEPLOY_STANDALONE", "") in ("1", "true"),
-        help="no peering (only for a single replica)",
-    )
-    p.add_argument(
-        "--priority",
-        type=int,
-        default=int(env("MODELDEPLOY_PRIORITY", "0")) or random.randint(1, 2**30),
-        help="peering priority (default: random, so that exactly one replica is active)",
-    )
-    p.add_argument("--peering-name", default=env("MODELDEPLOY_PEERING_NAME", "modeldeploy"))
-    p.add_argument("--peering-lifetime", type=int, default=int(env("MODELDEPLOY_PEERING_LIFETIME", "30")))
-    p.add_argument("--workers", type=int, default=int(env("MODELDEPLOY_WORKERS", "8")))
-    p.add_argument(
-        "--bind-host",
-        default=env("MODELDEPLOY_BIND_HOST") or env("POD_IP") or "127.0.0.1",
-        help="address of the metrics and health endpoints (env MODELDEPLOY_BIND_HOST, POD_IP)",
-    )
-    p.add_argument("--metrics-port", type=int, default=int(env("MODELDEPLOY_METRICS_PORT", "8480")))
-    p.add_argument("--health-port", type=int, default=int(env("MODELDEPLOY_HEALTH_PORT", "8481")))
-    p.add_argument("--prometheus-url", default=env("MODELDEPLOY_PROMETHEUS_URL", "http://127.0.0.1:9090"))
-    p.add_argument("--create-peering", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument(
-        "--watch-httproutes",
-        action=argparse.BooleanOptionalAction,
-        default=env("MODELDEPLOY_WATCH_HTTPROUTES", "1") not in ("0", "false"),
-        help="watch the HTTPRoutes of gatewayAPI mode so that an edited or deleted one is repaired at once "
-        "(needs list/watch on httproutes; env MODELDEPLOY_WATCH_HTTPROUTES=0 turns it off)",
-    )
-    p.add_argument(
-        "--resync-period",
-        type=float,
-        default=float(env("MODELDEPLOY_RESYNC_PERIOD", str(DEFAULT_PERIOD))),
-        help="seconds between two LISTs of the children that repair what the watches missed (a child "
-        "deleted during a watch outage); 0 turns them off (env MODELDEPLOY_RESYNC_PERIOD)",
-    )
-    p.add_argument(
-        "--stuck-after",
-        type=float,
-        default=float(env("MODELDEPLOY_STUCK_AFTER", "300")),
-        help="liveness fails when one reconcile has run this many seconds (it waits on nothing but the "
-        "apiserver, each call bounded by 35 s; env MODELDEPLOY_STUCK_AFTER)",
-    )
-    p.add_argument(
-        "--prometheus-ca-file",
-        default=env("MODELDEPLOY_PROMETHEUS_CA_FILE") or None,
-        help="PEM bundle to verify https Prometheus URLs against (default: the system's)",
-    )
-    p.add_argument(
-        "--prometheus-insecure-skip-verify",
-        action="store_true",
-        default=env("MODELDEPLOY_PROMETHEUS_INSECURE_SKIP_VERIFY", "") in ("1", "true"),
-        help="do not verify the TLS certificate of the operator's --prometheus-url (only when asked)",
-    )
-    p.add_argument(
-        "--prometheus-bearer-token-file",
-        default=env("MODELDEPLOY_PROMETHEUS_BEARER_TOKEN_FILE") or None,
-        help="a file (a mounted Secret) whose content is sent as a bearer token to --prometheus-url only, "
-        "never to a ModelDeployment's own prometheusURL",
-    )
-    p.add_argument("-v", "--verbose", action="store_true", default=env("MODELDEPLOY_DEBUG", "") == "1")
-    return p.parse_args(argv)
-
-
 def identity() -> str:
     pod = os.environ.get("POD_NAME") or os.environ.get("POD_ID")
     return pod or f"{socket.gethostname()}/{os.getpid()}"
@@ -296,7 +220,7 @@ def ensure_peering(kube: Kube, name: str, namespaces: list[str]) -> None:
                     raise
 
 
-def prometheus_config(args: argparse.Namespace) -> Any:
+def prometheus_config(args: Settings) -> Any:
     """How to reach a Prometheus URL: the operator's own gets its TLS settings and bearer token; a URL a
     ModelDeployment names gets the CA bundle only (its author must not receive the operator's token)."""
 
@@ -308,8 +232,9 @@ def prometheus_config(args: argparse.Namespace) -> Any:
         if url != args.prometheus_url:
             return PromConfig(url, timeout=timeout, ca_file=ca)
         token = None
-        if present(args.prometheus_bearer_token_file):
-            with open(args.prometheus_bearer_token_file) as f:
+        token_file = present(args.prometheus_bearer_token_file)
+        if token_file:
+            with open(token_file) as f:
                 token = f.read().strip() or None
         return PromConfig(
             url,
@@ -322,7 +247,7 @@ def prometheus_config(args: argparse.Namespace) -> Any:
     return config_for
 
 
-def log_start(ident: str, args: argparse.Namespace, liveness: str | None) -> None:
+def log_start(ident: str, args: Settings, liveness: str | None) -> None:
     log.info(
         "starting: identity=%s priority=%d namespaces=%s liveness=%s metrics=%s:%s",
         ident,
@@ -334,7 +259,7 @@ def log_start(ident: str, args: argparse.Namespace, liveness: str | None) -> Non
     )
 
 
-def peering_gate(kube: Kube, ident: str, args: argparse.Namespace) -> PeeringGate:
+def peering_gate(kube: Kube, ident: str, args: Settings) -> PeeringGate:
     return PeeringGate(
         kube,
         identity=ident,
@@ -346,7 +271,7 @@ def peering_gate(kube: Kube, ident: str, args: argparse.Namespace) -> PeeringGat
     )
 
 
-async def run(args: argparse.Namespace) -> None:
+async def run(args: Settings) -> None:
     ident = identity()
     # reconciles run in the loop's default executor (asyncio.to_thread), whose own size is min(32, CPUs + 4):
     # on a small node fewer threads than workers, and the workers would wait for threads
@@ -395,7 +320,7 @@ async def run(args: argparse.Namespace) -> None:
         stuck_after=args.stuck_after,
         on_listed=resyncer.relisted,
     )
-    settings = build_settings(args)
+    settings = kopf_settings(args)
     metrics.serve(args.metrics_port, args.bind_host)
     liveness = f"http://{args.bind_host}:{args.health_port}/healthz" if args.health_port else None
     log_start(ident, args, liveness)
@@ -422,7 +347,11 @@ async def run(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    try:
+        args = load_settings(argv)
+    except SettingsError as e:
+        print(f"modeldeploy: configuration error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

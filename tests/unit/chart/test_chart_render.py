@@ -190,23 +190,25 @@ def test_deployment_is_recreate_restricted_probed_and_bounded() -> None:
     assert c["resources"]["limits"]["memory"]
 
 
-def test_operator_understands_the_settings_the_chart_passes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The chart's env and args, parsed by the operator's own argument parser."""
-    from modeldeploy.operator import parse_args
+def chart_settings(docs: list[dict[str, Any]]) -> Any:
+    """The chart's env and args, read by the operator's own settings model (the pod IP stands in for the
+    downward API's value)."""
+    from modeldeploy.settings import load_settings
 
+    env = {k: v for k, v in env_of(docs).items() if isinstance(v, str)}
+    return load_settings(container(docs)["args"], {**env, "MODELDEPLOY_BIND_HOST": "10.0.0.7"})
+
+
+def test_operator_understands_the_settings_the_chart_passes() -> None:
     docs = render(
         "--set", "watchNamespaces={team-a,team-b}",
         "--set", "operator.prometheusUrl=http://prom.example:9090",
         "--set", "operator.workers=7",
         "--set", "operator.peering.priority=42",
+        "--set", "operator.debug=true",
+        "--set", "operator.prometheusInsecureSkipVerify=true",
     )  # fmt: skip
-    for name in list(__import__("os").environ):
-        if name.startswith("MODELDEPLOY_"):
-            monkeypatch.delenv(name)
-    for name, value in env_of(docs).items():
-        if isinstance(value, str):
-            monkeypatch.setenv(name, value)
-    args = parse_args(container(docs)["args"])
+    args = chart_settings(docs)
     assert args.namespace == ["team-a", "team-b"]
     assert args.prometheus_url == "http://prom.example:9090"
     assert args.workers == 7
@@ -214,8 +216,19 @@ def test_operator_understands_the_settings_the_chart_passes(monkeypatch: pytest.
     assert args.peering_name == "md-modeldeploy"
     assert args.create_peering is False  # the chart made the peering objects
     assert args.standalone is False
+    assert args.verbose is True and args.prometheus_insecure_skip_verify is True
     assert (args.metrics_port, args.health_port) == (8480, 8481)
     assert env_of(docs)["MODELDEPLOY_BIND_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+
+
+def test_the_charts_defaults_are_valid_operator_settings() -> None:
+    """Priority 0 in the values means random: the chart leaves the variable out (the operator reads 0 as
+    kopf's priority 0); no namespaces listed and cluster-wide rights mean the variable is empty."""
+    args = chart_settings(render("--set", "rbac.clusterWide=true"))
+    assert args.namespace == [] and args.watch_httproutes is False and args.verbose is False
+    assert 1 <= args.priority <= 2**30
+    standalone = chart_settings(render("--set", "operator.peering.enabled=false"))
+    assert standalone.standalone is True
 
 
 def test_the_operator_builds_shadow_targets_in_the_charts_cluster_domain(

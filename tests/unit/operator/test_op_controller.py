@@ -11,6 +11,7 @@ import pytest
 from modeldeploy import cli, operator
 from modeldeploy.childcache import ChildCache
 from modeldeploy.controller import Controller, PeeringGate
+from modeldeploy.settings import load_settings
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -179,8 +180,7 @@ def test_standalone_gate_is_always_active():
 
 
 def test_kopf_settings_keep_state_under_our_prefix_and_filter_children():
-    args = operator.parse_args(["--priority", "7"])
-    s = operator.build_settings(args)
+    s = operator.kopf_settings(load_settings(["--priority", "7"], {}))
     assert s.persistence.finalizer.startswith("modeldeploy.io/")
     assert s.persistence.progress_storage.prefix == "modeldeploy.io"
     assert s.peering.priority == 7 and s.peering.mandatory and not s.peering.standalone
@@ -191,12 +191,12 @@ def test_kopf_settings_keep_state_under_our_prefix_and_filter_children():
         return {(sel.group, sel.version, sel.any_name) for sel in settings.watching.label_selectors}
 
     assert kinds(s) == {*operator.CHILD_RESOURCES, operator.HTTPROUTES}
-    off = operator.build_settings(operator.parse_args(["--no-watch-httproutes"]))
+    off = operator.kopf_settings(load_settings(["--no-watch-httproutes"], {}))
     assert kinds(off) == set(operator.CHILD_RESOURCES)
 
 
 def test_default_priority_is_random_and_positive():
-    drawn = [operator.parse_args([]).priority for _ in range(20)]
+    drawn = [load_settings([], {}).priority for _ in range(20)]
     assert all(1 <= p <= 2**30 for p in drawn), drawn
     assert len(set(drawn)) > 1, drawn  # two replicas started with defaults must not tie
 

@@ -41,15 +41,29 @@ def test_the_analysis_prometheus_field_is_spelled_as_the_api_spells_it() -> None
 
 
 def test_every_operator_flag_is_in_the_settings_table(capsys: pytest.CaptureFixture[str]) -> None:
-    from modeldeploy.operator import parse_args
+    from modeldeploy.settings import load_settings
 
     with pytest.raises(SystemExit):
-        parse_args(["--help"])
+        load_settings(["--help"], {})
     flags = set(re.findall(r"(--[a-z][a-z-]+)", capsys.readouterr().out)) - {"--help"}
     table = "\n".join(line for line in OPERATOR_MD.splitlines() if line.startswith("| `-"))
     documented = set(re.findall(r"(--[a-z][a-z-]+)", table))
     assert flags - documented == set(), "flags missing from docs/operator.md's settings table"
     assert documented - flags == set(), "the settings table names flags the operator does not have"
+
+
+def test_each_settings_row_names_the_variable_of_its_flag() -> None:
+    from modeldeploy.settings import Settings, env_name, flag_name
+
+    rows = {}
+    for line in OPERATOR_MD.splitlines():
+        if line.startswith("| `-"):
+            flag_cell, env_cell = line.split("|")[1:3]
+            rows[re.findall(r"(--[a-z][a-z-]+)", flag_cell)[0]] = set(
+                re.findall(r"MODELDEPLOY_[A-Z_]+", env_cell)
+            )
+    for setting in Settings.model_fields:
+        assert rows[flag_name(setting)] == {env_name(setting)}, setting
 
 
 def test_the_package_docstring_names_every_module() -> None:
