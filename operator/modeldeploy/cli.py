@@ -6,6 +6,7 @@
     kubectl modeldeploy abort NAME              # roll the canary back now
     kubectl modeldeploy rollback NAME           # fail back to the warm previous revision
     kubectl modeldeploy pause NAME | resume NAME
+    kubectl modeldeploy notification-key --key-file F -n NS  # a team's webhook signing key (notify.py)
 
 How they are carried out (they survive operator restarts, both are stored in the object):
 
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from . import notify
 from .kube import MODELDEPLOYMENT, Kube, KubeError
 from .rollout_types import COMMAND_ANNOTATION
 
@@ -338,11 +340,14 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("name")
         c.add_argument("-n", "--namespace", default="default")
         c.set_defaults(func=_pause)
+    notify.add_key_parser(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "no_cluster", False):
+        return int(args.func(None, args))
     kube = Kube.from_environment(pool_size=2)
     try:
         return int(args.func(kube, args))

@@ -34,7 +34,8 @@ EVENTS_DROPPED = Counter(
 EVENTS_FAILED = Counter("modeldeploy_events_failed_total", "Kubernetes events the apiserver did not take.")
 NOTIFICATIONS = Counter(
     "modeldeploy_notifications_total",
-    "Rollout notifications by result: delivered, failed (every try), dropped (the queue was full).",
+    "Rollout notifications by result: delivered, failed (every try), dropped (the queue was full), "
+    "refused (a host not allowed).",
     ["result"],
 )
 NOTIFICATION_ATTEMPTS = Counter(
@@ -42,7 +43,7 @@ NOTIFICATION_ATTEMPTS = Counter(
     "Webhook tries of rollout notifications, by result.",
     ["result"],
 )
-for _result in ("delivered", "failed", "dropped"):
+for _result in ("delivered", "failed", "dropped", "refused"):
     NOTIFICATIONS.labels(result=_result)
 QUEUE_DEPTH = Gauge("modeldeploy_queue_depth", "ModelDeployments waiting for a reconcile.")
 MANAGED = Gauge("modeldeploy_managed_modeldeployments", "ModelDeployments seen by this operator.")

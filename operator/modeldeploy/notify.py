@@ -16,11 +16,14 @@
   to the last byte of the answer, whose body is not read), no redirects. A receiver that is down, answers
   500 or hangs costs its own deliveries and nothing else. Counted in
   ``modeldeploy_notifications_total{result}``.
+* **Where**: a webhook whose host matches none of ``--notification-allowed-hosts`` (when set) is refused,
+  counted (``result="refused"``) and logged: the operator's network position is not the author's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import hashlib
 import hmac
 import json
@@ -164,6 +167,12 @@ def notification_for(
     return Notification(kind, namespace, name, reason, message[:4096], sev, now, str(uuid.uuid4()))
 
 
+def host_allowed(url: str, patterns: Sequence[str]) -> bool:
+    """Whether ``url``'s host matches one of ``patterns`` (fnmatch, case-insensitive); none: any host."""
+    host = (urlsplit(url).hostname or "").lower()
+    return not patterns or any(fnmatch.fnmatchcase(host, p.lower()) for p in patterns)
+
+
 def own_webhooks(raw: dict[str, Any]) -> list[Webhook]:
     """A ModelDeployment's ``spec.rollout.notifications`` (as admitted; one that does not parse: none)."""
     out = []
@@ -188,8 +197,11 @@ class Notifier:
         backoff: float = 1.0,
         queue_size: int = 1000,
         concurrency: int = 16,
+        allowed_hosts: Sequence[str] = (),
     ) -> None:
         self.signing_key = signing_key
+        # host patterns (fnmatch) a webhook may name; empty: any (docs/security.md, finding 8)
+        self.allowed_hosts = tuple(allowed_hosts)
         self.attempts, self.backoff = attempts, backoff
         self.queue_size, self.concurrency = queue_size, concurrency
         self._pending = 0
@@ -238,6 +250,10 @@ class Notifier:
         """Queue ``n`` for each of ``hooks`` that wants it; returns at once (a full queue drops, counted)."""
         for hook in hooks:
             if not wanted(hook, n.type):
+                continue
+            if not host_allowed(hook.url, self.allowed_hosts):
+                metrics.NOTIFICATIONS.labels(result="refused").inc()
+                log.warning("notifications: %s is not an allowed host; not sent", _host(hook.url))
                 continue
             with self._lock:
                 full = self._pending >= self.queue_size or self._loop is None
@@ -293,3 +309,20 @@ def _host(url: str) -> str:
     """The URL without its path and credentials (for logs: a webhook URL's path is often its secret)."""
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+
+
+def add_key_parser(sub: Any) -> None:
+    """``kubectl modeldeploy notification-key``: a namespace's signing key, for its team (no cluster)."""
+    p = sub.add_parser(
+        "notification-key",
+        help="print a namespace's notification signing key (hex), derived from the operator's key file",
+    )
+    p.add_argument("--key-file", required=True, help="the operator's key (the chart's signing key Secret)")
+    p.add_argument("-n", "--namespace", required=True)
+    p.set_defaults(func=_print_key, no_cluster=True)
+
+
+def _print_key(_kube: Any, args: Any) -> int:
+    with open(args.key_file, "rb") as f:
+        print(namespace_key(f.read(), args.namespace).hex())
+    return 0

@@ -21,6 +21,7 @@ from modeldeploy.notify import (
     Notifier,
     Webhook,
     body,
+    host_allowed,
     namespace_key,
     notification_for,
     own_webhooks,
@@ -238,3 +239,29 @@ def test_without_a_signing_key_nothing_is_signed(serve):
     finally:
         n.stop()
     assert SIGNATURE_HEADER.lower() not in r.got[0][0]
+
+
+def test_a_host_the_operator_does_not_allow_is_refused_and_counted(serve):
+    r = serve()
+    n = Notifier(KEY, allowed_hosts=("hooks.example.com", "*.slack.com")).start()
+    try:
+        refused = count("refused")
+        n.send(promoted(), [Webhook(r.url)])  # 127.0.0.1: not allowed
+        assert count("refused") == refused + 1 and n.pending() == 0
+    finally:
+        n.stop()
+    assert host_allowed("https://T0.hooks.slack.com/x", ("*.slack.com",))
+    assert not host_allowed("http://169.254.169.254/latest", ("*.slack.com", "hooks.example.com"))
+    assert host_allowed("http://anything/", ())
+    time.sleep(0.2)
+    assert r.got == []
+
+
+def test_the_plugin_prints_a_namespaces_key_without_a_cluster(tmp_path, capsys, monkeypatch):
+    from modeldeploy import cli
+
+    key = tmp_path / "key"
+    key.write_bytes(KEY)
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    assert cli.main(["notification-key", "--key-file", str(key), "-n", "team-a"]) == 0
+    assert capsys.readouterr().out.strip() == namespace_key(KEY, "team-a").hex()
