@@ -9,9 +9,13 @@ Handlers are thin: every watch event of a ModelDeployment or of one of its child
 only enqueues the ModelDeployment in the
 :class:`~modeldeploy.controller.Controller`; the reconcile itself is :mod:`modeldeploy.reconciler`.
 
-kopf settings: only ``@kopf.on.event`` handlers are used, so kopf stores no progress and no diff-base
-on our objects and needs no finalizer (children go with their owner through garbage collection); should
-a change handler ever be added, its state goes to annotations under ``modeldeploy.io/``. Peering
+kopf settings: only ``@kopf.on.event`` handlers, indices, a startup handler and a probe are registered --
+no change handlers (on.create/update/delete/resume/field), no timers or daemons -- so kopf stores no
+progress and no diff-base on our objects and adds no finalizer (children go with their owner through
+garbage collection); its progress and diff-base storages are left at kopf's defaults, which nothing reads
+or writes. The finalizer's name is set, to ``modeldeploy.io/finalizer``: on every watched object kopf
+removes the finalizer of that name when no handler needs it, and with kopf's default name it would remove
+the marker of another kopf operator handling the same objects. Peering
 (mandatory unless ``--standalone``) makes two operator replicas never act at once: kopf pauses every
 replica that sees a live peer of higher or equal priority, and the default priority is random.
 """
@@ -76,14 +80,11 @@ ANNOTATION_PREFIX = "modeldeploy.io"
 
 def kopf_settings(args: Settings) -> kopf.OperatorSettings:
     settings = kopf.OperatorSettings()
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
-    )
+    # kopf strips this finalizer from each watched object that has it (no handler of ours needs one): ours,
+    # so that it never strips kopf's default marker, which another kopf operator may have put there
     settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
     # our own events are posted by the reconciler; kopf's log-to-event posting would add writes
     settings.posting.enabled = False
-    settings.posting.reporting_component = "modeldeploy"
     settings.peering.name = args.peering_name
     settings.peering.priority = args.priority
     settings.peering.standalone = args.standalone

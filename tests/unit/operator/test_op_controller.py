@@ -7,6 +7,7 @@ import asyncio
 import threading
 from datetime import UTC, datetime, timedelta
 
+import kopf
 import pytest
 from modeldeploy import cli, operator
 from modeldeploy.childcache import ChildCache
@@ -179,10 +180,9 @@ def test_standalone_gate_is_always_active():
     assert PeeringGate(None, identity="me", priority=1, peering_name="p", standalone=True).is_active()
 
 
-def test_kopf_settings_keep_state_under_our_prefix_and_filter_children():
+def test_kopf_settings_name_our_finalizer_and_filter_children():
     s = operator.kopf_settings(load_settings(["--priority", "7"], {}))
-    assert s.persistence.finalizer.startswith("modeldeploy.io/")
-    assert s.persistence.progress_storage.prefix == "modeldeploy.io"
+    assert s.persistence.finalizer == "modeldeploy.io/finalizer"
     assert s.peering.priority == 7 and s.peering.mandatory and not s.peering.standalone
     assert s.posting.enabled is False
 
@@ -193,6 +193,60 @@ def test_kopf_settings_keep_state_under_our_prefix_and_filter_children():
     assert kinds(s) == {*operator.CHILD_RESOURCES, operator.HTTPROUTES}
     off = operator.kopf_settings(load_settings(["--no-watch-httproutes"], {}))
     assert kinds(off) == set(operator.CHILD_RESOURCES)
+
+
+async def test_kopf_writes_nothing_on_a_watched_object_but_strips_only_our_finalizer():
+    """kopf's own processing of one watch event (kopf 1.45's process_resource_causes and the touch that
+    apply() makes before a patch), with our registry and settings: no handler of ours needs kopf's progress
+    or diff-base storage, so nothing is written but the removal of the finalizer of our name -- the
+    default kopf marker, which another kopf operator may keep on the object, stays."""
+    from kopf._cogs.structs import bodies, patches, references
+    from kopf._core.actions import lifecycles, loggers
+    from kopf._core.engines import indexing
+    from kopf._core.reactor import inventory, processing
+
+    settings = operator.kopf_settings(load_settings([], {}))
+    registry = operator.build_registry(Controller(lambda ns, n: None))
+    kopf_marker = kopf.OperatorSettings().persistence.finalizer
+    raw = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "m-abc",
+            "namespace": "ns",
+            "uid": "u1",
+            "resourceVersion": "1",
+            "labels": {"modeldeploy.io/name": "m"},
+            "finalizers": [kopf_marker, "modeldeploy.io/finalizer"],
+        },
+        "spec": {"replicas": 1},
+    }
+    resource = references.Resource("apps", "v1", "deployments", kind="Deployment", namespaced=True)
+    body = bodies.Body(raw)
+    patch = patches.Patch(body=body)
+    logger = loggers.LocalObjectLogger(body=body, settings=settings)
+    delays, _ = await processing.process_resource_causes(
+        lifecycle=lifecycles.all_at_once,
+        indexers=indexing.OperatorIndexers(),
+        registry=registry,
+        settings=settings,
+        resource=resource,
+        raw_event={"type": "MODIFIED", "object": raw},
+        body=body,
+        patch=patch,
+        memory=await inventory.ResourceMemories().recall(raw),
+        local_logger=logger,
+        event_logger=logger,
+        stream_pressure=None,
+        operator_paused=None,
+        consistency_time=None,
+    )
+    settings.persistence.progress_storage.touch(body=body, patch=patch, value=None)  # as apply() does
+    assert list(delays) == []  # nothing to wait for: kopf never touches the object later
+    assert dict(patch) == {}  # no progress, no diff-base, no annotations
+    for fn in patch.fns:
+        fn(raw)
+    assert raw["metadata"]["finalizers"] == [kopf_marker]
 
 
 def test_default_priority_is_random_and_positive():
