@@ -11,7 +11,8 @@ plus the server overhead with the no-op model driven by ``wrk`` (apt package; a 
 missing): requests/s and server CPU us/request.
 
 Tail latency (issue #15): both adaptive schedulers -- ``adaptive`` and ``adaptive-v1``, the scheduler before
-the tail work, kept as the baseline -- get open-loop Poisson arrivals at 70% of (2)'s peak, first as a freshly
+the tail work, kept as the baseline in bench/batching_v1.py (the server with its queue: bench/serving_probe.py
+``--v1``) -- get open-loop Poisson arrivals at 70% of (2)'s peak, first as a freshly
 started server, then right after a saturation phase (64 closed-loop clients for 15 s): p50/p99 latency at the
 client, and from a probe on the batching core (bench/serving_probe.py) every item's queue wait and every
 batch's inference time, overall and per length bucket.
@@ -272,9 +273,11 @@ class Proc:
         self._log.close()
 
 
-def modelserver_args(threads: int, *extra: str, probe: Path | None = None) -> list[str]:
-    """``python -m modelserver`` arguments; with ``probe`` the same server through bench/serving_probe.py."""
+def modelserver_args(threads: int, *extra: str, probe: Path | None = None, v1: bool = False) -> list[str]:
+    """``python -m modelserver`` arguments; with ``probe`` the same server through bench/serving_probe.py,
+    ``v1``: with adaptive-v1's queue (bench/batching_v1.py)."""
     entry = ["-m", "modelserver"] if probe is None else ["-m", "bench.serving_probe", str(probe)]
+    entry += ["--v1"] if v1 else []
     return [
         *entry,
         "--model-uri",
@@ -810,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = {
         "adaptive": modelserver_args(threads, probe=probes["adaptive"]),
         "fifo": modelserver_args(threads, "--scheduler", "fifo"),
-        "adaptive-v1": modelserver_args(threads, "--scheduler", "adaptive-v1", probe=probes["adaptive-v1"]),
+        "adaptive-v1": modelserver_args(threads, probe=probes["adaptive-v1"], v1=True),
         "naive": [*naive_args, "--num-threads", str(threads)],
     }
     servers = {name: Proc(args, name, log_dir) for name, args in specs.items()}

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 from modelserver.batching import Batch, BatchingConfig, BatchQueue, WorkItem
 
+from bench.batching_v1 import SCHEDULERS, make_queue
+
 # Cost of all-MiniLM-L6-v2 on 2 CPU cores as learned by the server: seconds = c . [1, n, n*L, n*L^2].
 MINILM_CPU = (8e-3, 4e-4, 1.27e-4, 4.4e-7)
 
@@ -38,17 +40,14 @@ class _Clock:
 
 
 def _queue(scheduler: str, clock: _Clock, max_batch_size: int, token_budget: int) -> BatchQueue:
-    """The server's queue with its default cost model, learned online as in the server."""
-    return BatchQueue(
+    """The server's queue (``adaptive-v1``: the benchmark's baseline, bench/batching_v1.py) with its default
+    cost model, learned online as in the server."""
+    return make_queue(
+        scheduler,
         BatchingConfig(
-            max_batch_size=max_batch_size,
-            max_queue_delay_s=0.005,
-            token_budget=token_budget,
-            max_length=512,
-            scheduler=scheduler,
+            max_batch_size=max_batch_size, max_queue_delay_s=0.005, token_budget=token_budget, max_length=512
         ),
         clock=clock,
-        cost_model=None,
     )
 
 
@@ -328,9 +327,6 @@ def report(coef: Sequence[float] = MINILM_CPU) -> dict[str, dict[str, float]]:
         row["adaptive/fifo"] = round(row["adaptive_items_per_s"] / row["fifo_items_per_s"], 3)
         out[name] = row
     return out
-
-
-SCHEDULERS = ("adaptive", "adaptive-v1", "fifo")
 
 
 def tail_report(

@@ -18,22 +18,17 @@ class CostModel:
     Features ``[1, n, n*L, n*L^2]``; coefficients are fitted by non-negative least squares on relative error
     over the most recent observations, refitted every few observations.
 
-    ``stratified=False`` (default): one ring buffer of the last ``window`` observations. After a burst of
-    large batches it holds nothing else, so the fixed cost ``c0`` cannot be told apart from the per-item cost
-    ``c1``, and a fit with ``c0 ~ 0`` explains the data as well; the queue's plan guards against that (see
-    :meth:`BatchQueue.record`). ``stratified=True``: the most recent ``window // 16`` observations per cell of
-    (log2 batch size, log2 padded length), so observations at other sizes and lengths stay in the fit until
-    newer ones of the same cell replace them -- including stale ones: on the benchmark machine the warm-up's
-    (four servers warming up at once) kept ``c0`` at 34 ms against 11 ms measured by the ring, and the
-    least-time plan, trusting it, padded wide batches for 8% less throughput. Not used by the queue.
+    One ring buffer of the last ``window`` observations. After a burst of large batches it holds nothing
+    else, so the fixed cost ``c0`` cannot be told apart from the per-item cost ``c1``, and a fit with
+    ``c0 ~ 0`` explains the data as well; the queue's plan guards against that (see
+    :meth:`BatchQueue.record`). (A model that keeps observations per cell of sizes and lengths fared worse:
+    bench/batching_v1.py's ``StratifiedCostModel``, the benchmark's comparison.)
     """
 
     FEATURES = 4
 
-    def __init__(self, window: int = 512, refit_every: int = 8, stratified: bool = False) -> None:
+    def __init__(self, window: int = 512, refit_every: int = 8) -> None:
         self._obs: deque[tuple[int, int, float]] = deque(maxlen=window)
-        self._cells: dict[tuple[int, int], deque[tuple[int, int, float]]] | None = {} if stratified else None
-        self._cell_size = max(8, window // 16)
         self._count = 0
         self._refit_every = refit_every
         self._since_fit = 0
@@ -50,22 +45,18 @@ class CostModel:
         if seconds <= 0 or n <= 0:
             return
         with self._lock:
-            ob = (n, max(1, length), seconds)
-            if self._cells is None:
-                self._obs.append(ob)
-            else:
-                cell = (n.bit_length(), ob[1].bit_length())
-                self._cells.setdefault(cell, deque(maxlen=self._cell_size)).append(ob)
+            self._keep((n, max(1, length), seconds))
             self._count += 1
             self._since_fit += 1
             if self._since_fit >= (1 if self._count < 32 else self._refit_every):
                 self._fit()
 
+    def _keep(self, ob: tuple[int, int, float]) -> None:
+        self._obs.append(ob)
+
     def observations(self) -> list[tuple[int, int, float]]:
         """The (n, padded length, seconds) observations the fit uses."""
-        if self._cells is None:
-            return list(self._obs)
-        return [ob for cell in self._cells.values() for ob in cell]
+        return list(self._obs)
 
     def _fit(self) -> None:
         self._since_fit = 0

@@ -28,10 +28,8 @@ Batch formation (``scheduler="adaptive"``), each time the worker is free:
 4. The batch is dispatched when it is full, when its oldest item waited ``max_queue_delay``, when the seed's
    deadline is close, or when draining; otherwise the worker waits for more arrivals.
 
-``scheduler="adaptive-v1"`` is the scheduler before the tail work of issue #15, kept as the benchmark's
-baseline: step 3 scores every window of neighbours around the seed by its efficiency (the ideal cost of its
-items at full batches over the padded batch's estimated time) and takes the best, preferring the seed's
-bucket. Both use the same cost model (see :class:`CostModel`).
+The scheduler before the tail work of issue #15 (``adaptive-v1``: efficiency-scored windows around the
+seed) is the benchmark's baseline and lives in bench/batching_v1.py, a subclass of :class:`BatchQueue`.
 
 The errors live in :mod:`.batching_errors`, the cost model and buckets in :mod:`.batch_cost`, the worker and
 the split-and-retry in :mod:`.batch_worker`; the first two are re-exported here.
@@ -42,13 +40,12 @@ the split-and-retry in :mod:`.batch_worker`; the first two are re-exported here.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -132,9 +129,9 @@ class BatchingConfig:
     token_budget: int = 8192
     max_length: int = 512
     buckets: Sequence[int] | None = None
-    scheduler: str = "adaptive"  # adaptive | adaptive-v1 | fifo
+    scheduler: str = "adaptive"  # adaptive | fifo
     aging_s: float = 0.1
-    cross_bucket_gain: float = 0.10  # a batch crossing a bucket bound costs this much more (v1: must gain it)
+    cross_bucket_gain: float = 0.10  # a batch crossing a bucket bound costs this much more
     urgent_factor: float = 2.0  # an item is at risk when slack < factor * recent batch time
 
 
@@ -287,55 +284,6 @@ class BatchQueue:
             return min(at_risk, key=lambda i: (i.deadline, i.seq))
         return min(items, key=lambda i: (i.vkey, i.seq))
 
-    def _right_ends(
-        self, cands: list[WorkItem], i: int, hi: int, now: float, deadline: float
-    ) -> Iterator[tuple[int, int, int, float, float, float]]:
-        """Windows ``[i, b]`` of cands (sorted by length) for each right end ``b`` from ``i`` up, while the
-        batch fits the batch size, the token budget and the seed's deadline -> (b, n, n_max, per-item time
-        at b's length, estimated batch time, summed ``est_cost`` of ``[i, b]``)."""
-        bmax, budget = self.cfg.max_batch_size, self.budget
-        c0, c1, c2, c3 = (float(x) for x in self.cost.coef)
-        right_val = 0.0
-        for b in range(i, hi):
-            length = max(1, cands[b].length)
-            right_val += cands[b].est_cost
-            n_max = max(1, min(bmax, budget // length))
-            n = b - i + 1
-            if n > n_max:
-                return
-            per_item = c1 + length * (c2 + length * c3)
-            t = max(c0 + n * per_item, 1e-9)
-            if b > i and now + t > deadline:
-                return
-            yield b, n, n_max, per_item, t, right_val
-
-    def _window(
-        self, cands: list[WorkItem], i: int, lo: int, hi: int, now: float, deadline: float
-    ) -> tuple[float, int, int, bool]:
-        """Best window [a, b] of cands[lo:hi] (sorted by length) containing i -> (score, a, b, full).
-
-        The score is the window's efficiency: the sum of its items' ideal costs (each item's share of a full
-        batch at its own length, ``est_cost``) divided by the estimated time of the padded batch. Short items
-        riding in a batch padded to a long one lower it, as does a small batch's fixed overhead. For each
-        right end ``b`` the window grows downwards while that raises the efficiency (which is unimodal,
-        since items get shorter). ``full``: it cannot or should not grow further.
-        """
-        best = (-1.0, i, i, False)
-        for b, n, n_max, per_item, t, right_val in self._right_ends(cands, i, hi, now, deadline):
-            val, a = right_val, i
-            score = val / t
-            stopped = False
-            while a > lo and n < n_max:
-                v2, t2 = val + cands[a - 1].est_cost, t + per_item
-                s2 = v2 / t2
-                if s2 < score:
-                    stopped = True
-                    break
-                a, n, val, t, score = a - 1, n + 1, v2, t2, s2
-            if score > best[0]:
-                best = (score, a, b, stopped or n >= n_max)
-        return best
-
     def _plan(self, cands: list[WorkItem], s: int, now: float, deadline: float) -> tuple[int, int, bool]:
         """The seed's batch ``cands[a : b + 1]`` (cands sorted by length, ``s`` the seed) -> (a, b, full).
 
@@ -401,29 +349,9 @@ class BatchQueue:
             chosen = cands[: self.cfg.max_batch_size]
             return chosen, max(it.length for it in chosen), len(chosen) >= self.cfg.max_batch_size
         cands.sort(key=lambda it: (it.length, it.vkey, it.seq))
-        i = cands.index(seed)
-        if self.cfg.scheduler == "adaptive-v1":
-            _, a, b, full = self._v1_window(cands, i, now, seed.deadline)
-        else:
-            a, b, full = self._plan(cands, i, now, seed.deadline)
+        a, b, full = self._plan(cands, cands.index(seed), now, seed.deadline)
         chosen = cands[a : b + 1]
         return chosen, chosen[-1].length, full
-
-    def _v1_window(
-        self, cands: list[WorkItem], i: int, now: float, deadline: float
-    ) -> tuple[float, int, int, bool]:
-        """``adaptive-v1``: the most efficient window around cands[i] in its bucket, or across buckets when
-        that is ``cross_bucket_gain`` more efficient and the bucket's window is not full."""
-        lo_len, hi_len = self.buckets.range_of(cands[i].length)
-        lengths = [c.length for c in cands]
-        lo = bisect.bisect_left(lengths, lo_len)
-        hi = bisect.bisect_right(lengths, hi_len)
-        best = self._window(cands, i, lo, hi, now, deadline)
-        if not best[3] and (lo > 0 or hi < len(cands)):
-            alt = self._window(cands, i, 0, len(cands), now, deadline)
-            if alt[0] > best[0] * (1.0 + self.cfg.cross_bucket_gain):
-                best = alt
-        return best
 
     def try_form(self) -> Batch | float | None:
         """A batch if one should run now; else the clock time to re-check (float) or None (queue empty)."""
@@ -431,21 +359,26 @@ class BatchQueue:
         self._sweep(now)
         if not self._items:
             return None
-        if not self._closed and self.cfg.scheduler != "adaptive-v1":
-            # No batch can be full with fewer items than the longest one's batch holds, nor due before the
-            # queue's oldest item or at risk before its earliest deadline: then skip forming one. (A window
-            # of adaptive-v1 is also full when it stops growing.)
-            due, urgent_at = self._dispatch_times(self._items)
-            longest = max(it.length for it in self._items)
-            n_max = max(1, min(self.cfg.max_batch_size, self.budget // max(1, longest)))
-            if len(self._items) < n_max and now < due and now < urgent_at:
-                return min(due, urgent_at)
+        if not self._closed:
+            wait = self._not_yet(now)
+            if wait is not None:
+                return wait
         chosen, padded, full = self._form(now)
         due, urgent_at = self._dispatch_times(chosen)
         if full or self._closed or now >= due or now >= urgent_at:
             self._remove(chosen)
             return Batch(items=chosen, padded_length=max(1, padded), formed_at=now)
         return min(due, urgent_at)
+
+    def _not_yet(self, now: float) -> float | None:
+        """When no batch can be full with fewer items than the longest one's batch holds, nor due before the
+        queue's oldest item or at risk before its earliest deadline: the time to re-check; else None."""
+        due, urgent_at = self._dispatch_times(self._items)
+        longest = max(it.length for it in self._items)
+        n_max = max(1, min(self.cfg.max_batch_size, self.budget // max(1, longest)))
+        if len(self._items) < n_max and now < due and now < urgent_at:
+            return min(due, urgent_at)
+        return None
 
     def _dispatch_times(self, items: Sequence[WorkItem]) -> tuple[float, float]:
         """When a batch of ``items`` is due (its oldest waited ``max_queue_delay``) and when it is at risk

@@ -133,11 +133,10 @@ class Settings(BaseSettings):
     token_budget: int = Field(
         8192, ge=1, description="maximum padded tokens (batch size x padded length) per batch"
     )
-    scheduler: Literal["adaptive", "adaptive-v1", "fifo"] = Field(
+    scheduler: Literal["adaptive", "fifo"] = Field(
         "adaptive",
-        description="batch formation: adaptive (buckets + token budget + cost model, bounded passing-over),"
-        " adaptive-v1 (the adaptive scheduler before the tail bound, for comparison) or fifo (plain"
-        " dynamic batching)",
+        description="batch formation: adaptive (buckets + token budget + cost model, bounded passing-over)"
+        " or fifo (plain dynamic batching, for comparison)",
     )
     priority_levels: int = Field(3, ge=1, description="number of priority levels (1 = highest)")
     default_priority: int = Field(2, description="priority of requests that do not set one")

@@ -136,3 +136,15 @@ def test_archive_entries_may_not_escape(tmp_path: Path):
     with pytest.raises(ModelLoadError, match="escapes"):
         _safe_extract(arc, out)
     assert not (tmp_path / "escape.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [(["--scheduler", "adaptive-v1"], {}), ([], {"MODELSERVER_SCHEDULER": "adaptive-v1"})],
+)
+def test_the_benchmarks_scheduler_adaptive_v1_is_no_server_setting(argv, env):
+    """adaptive-v1 lives in bench/batching_v1.py (docs/upgrade.md): the server refuses it, naming the
+    setting and what it accepts."""
+    with pytest.raises(ConfigError, match=r"scheduler: Input should be 'adaptive' or 'fifo'"):
+        load_settings(["--model-name", "m", "--model-uri", "noop://", *argv], environ=env)
+    assert load_settings(["--model-name", "m", "--model-uri", "noop://"], environ={}).scheduler == "adaptive"

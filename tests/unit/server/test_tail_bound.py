@@ -24,6 +24,8 @@ import pytest
 from conftest import FakeClock, fixed_cost
 from modelserver.batching import Batch, BatchingConfig, BatchQueue, CostModel, WorkItem
 
+from bench.batching_v1 import StratifiedCostModel, V1Queue, make_queue
+
 COST = (0.0127, 0.000271, 0.000141, 9.58e-08)  # all-MiniLM-L6-v2 on the benchmark machine
 
 
@@ -71,8 +73,8 @@ def drive(
 
 
 def queue(scheduler: str, clock: FakeClock, **kw: object) -> BatchQueue:
-    cfg = BatchingConfig(scheduler=scheduler, max_length=512, **kw)  # type: ignore[arg-type]
-    return BatchQueue(cfg, clock=clock)
+    """The server's queue of ``scheduler``; adaptive-v1: the benchmark's baseline, bench/batching_v1.py."""
+    return make_queue(scheduler, BatchingConfig(max_length=512), clock=clock, **kw)
 
 
 def short_stream_with_one_long(rate: float = 250.0, seconds: float = 3.0) -> list[tuple[float, int, int]]:
@@ -183,8 +185,8 @@ async def test_adaptive_v1_needs_more_time_for_the_same_burst():
     totals = {}
     for scheduler in ("adaptive", "adaptive-v1"):
         clock = FakeClock()
-        cfg = BatchingConfig(scheduler=scheduler, buckets=[512], max_length=512)
-        q = BatchQueue(cfg, clock=clock, cost_model=fixed_cost(*COST))
+        cfg = BatchingConfig(buckets=[512], max_length=512)
+        q = make_queue(scheduler, cfg, clock=clock, cost_model=fixed_cost(*COST))
         batches = drive(q, clock, [(1000.0 + 1e-6 * k, n, 1) for k, n in enumerate(lengths)])
         totals[scheduler] = sum(true_cost(len(b), max(i.length for i in b)) for _, b, _, _ in batches)
     assert totals["adaptive"] < totals["adaptive-v1"]
@@ -198,8 +200,7 @@ async def test_a_cost_model_that_sees_no_gain_in_batching_is_corrected_by_measur
 
     def sizes(scheduler: str) -> list[int]:
         clock = FakeClock()
-        cfg = BatchingConfig(scheduler=scheduler, max_length=512)
-        q = BatchQueue(cfg, clock=clock, cost_model=fixed_cost(*frozen))
+        q = make_queue(scheduler, BatchingConfig(max_length=512), clock=clock, cost_model=fixed_cost(*frozen))
         rng = np.random.default_rng(6)
         times = 1000.0 + np.cumsum(rng.exponential(1.0 / 140.0, 700))
         arrivals = [(float(t), int(rng.integers(6, 27)), 1) for t in times]
@@ -248,7 +249,7 @@ async def test_after_saturation_light_load_is_served_as_by_a_fresh_server():
 
 def test_the_cost_model_keeps_small_batches_after_a_burst_of_large_ones():
     rng = np.random.default_rng(0)
-    models = {"stratified": CostModel(stratified=True), "ring": CostModel()}
+    models = {"stratified": StratifiedCostModel(), "ring": CostModel()}
     for cm in models.values():
         for length in (16, 32, 64, 128, 256, 512):  # the warm-up: a batch of 1 and a wide one per length
             for n in (1, max(1, 4096 // length)):
@@ -266,5 +267,11 @@ def test_the_cost_model_keeps_small_batches_after_a_burst_of_large_ones():
 
 def test_scheduler_names():
     clock = FakeClock()
-    assert isinstance(queue("adaptive", clock).cost, CostModel)
-    assert queue("adaptive-v1", clock).cost.observations() == []
+    assert type(queue("adaptive", clock)) is BatchQueue and isinstance(
+        queue("adaptive", clock).cost, CostModel
+    )
+    assert type(queue("fifo", clock)) is BatchQueue and queue("fifo", clock).cfg.scheduler == "fifo"
+    v1 = queue("adaptive-v1", clock)
+    assert isinstance(v1, V1Queue) and v1.cfg.scheduler == "adaptive" and v1.cost.observations() == []
+    with pytest.raises(ValueError, match="unknown scheduler"):
+        queue("adaptive-v2", clock)
