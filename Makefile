@@ -10,7 +10,7 @@ PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 nftables deps test test-setup binaries-niced checks-without-binaries \
         test-cluster system-packages test-unit test-integration test-e2e lint lint-code lint-chart \
-        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-generate bench-operator bench-canary bench-storage bench-chaos crds e2e-kind shellcheck clean
+        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-generate bench-operator bench-canary bench-judge bench-storage bench-chaos crds e2e-kind shellcheck clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
@@ -22,6 +22,7 @@ help:
 	@echo "make bench-generate  text generation: modelserver vs transformers serve (CB and naive) vs the decode limit"
 	@echo "make bench-storage   model fetch from the local S3 vs plain boto3; pod-Ready cold vs node cache"
 	@echo "make bench-chaos     fault injection on the local cluster: what clients saw, time to resume"
+	@echo "make bench-judge     the statistical judge on the local cluster: false positives (identical) and power (30 % slower)"
 	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
 	@echo "make rehearsal   the fresh-machine rehearsal: .ci/run on a clone of main with empty Go and binary caches"
 	@echo "make e2e-kind    the e2e suite on kind with a GPU worker (docs/gpu-kind.md)"
@@ -134,6 +135,9 @@ bench-serving-shadow: venv
 bench-generate: venv
 	$(PY) -m pip install --quiet "openai==3.60.0" "accelerate==1.15.0"
 	$(PY) -m bench.generate
+
+bench-judge: deps
+	$(PY) -m bench.judge
 
 bench-operator: deps
 	$(PY) -m bench.operator
