@@ -14,8 +14,8 @@ Modules, by layer (operator -> reconciler -> plan -> canary -> builders -> api):
   what changed);
 * I/O: :mod:`.reconciler` (one reconcile), :mod:`.measurements` and :mod:`.promclient` (Prometheus,
   off the reconcile path), :mod:`.kube` (the apiserver), :mod:`.childcache` and :mod:`.resync` (what the
-  watches and LISTs saw), :mod:`.events` (Events, posted in the background), :mod:`.notify` (rollout webhooks, delivered
-  in the background), :mod:`.metrics`;
+  watches and LISTs saw), :mod:`.events` (Events, posted in the background), :mod:`.notify` (rollout
+  webhooks, delivered in the background), :mod:`.metrics`;
 * wiring: :mod:`.controller` (work queue, peering gate), :mod:`.operator` (kopf, ``python -m
   modeldeploy``) with :mod:`.settings` (its flags and environment), :mod:`.cli` (``kubectl-modeldeploy``).
 """

@@ -52,6 +52,7 @@ from .kube import (
     ResourceType,
 )
 from .measurements import MeasurementRunner
+from .notify import Notifier, Webhook
 from .promclient import PromConfig
 from .reconciler import Reconciler
 from .resync import Resyncer
@@ -248,6 +249,20 @@ def prometheus_config(args: Settings) -> Any:
     return config_for
 
 
+def notifications(args: Settings) -> tuple[Notifier, list[Webhook]]:
+    """The notifier (signing key from the mounted file, if any; the host allow-list) and the cluster-wide
+    default webhook."""
+    key = None
+    path = args.notification_signing_key_file
+    if path and os.path.exists(path):
+        with open(path, "rb") as f:
+            key = f.read() or None
+    elif path:
+        log.warning("notifications: no signing key file at %s: notifications are not signed", path)
+    hooks = [Webhook(args.notification_url, args.notification_format)] if args.notification_url else []
+    return Notifier(key, allowed_hosts=args.notification_allowed_hosts), hooks
+
+
 def log_start(ident: str, args: Settings, liveness: str | None) -> None:
     log.info(
         "starting: identity=%s priority=%d namespaces=%s liveness=%s metrics=%s:%s",
@@ -296,6 +311,7 @@ async def run(args: Settings) -> None:
         prometheus_config(args),
         on_done=lambda ns, name: loop.call_soon_threadsafe(enqueue_all, {(ns, name)}),
     )
+    notifier, webhooks = notifications(args)
     reconciler = Reconciler(
         kube,
         instance=ident,
@@ -303,6 +319,8 @@ async def run(args: Settings) -> None:
         cache=cache,
         events=events,
         measurements=runner,
+        notifier=notifier,
+        webhooks=webhooks,
     )
     gate = peering_gate(kube, ident, args)
     controller = Controller(reconciler.reconcile, workers=args.workers, gate=gate)
@@ -327,6 +345,7 @@ async def run(args: Settings) -> None:
     log_start(ident, args, liveness)
     controller.start()
     runner.start()
+    notifier.start()
     resyncer.start()
     try:
         await kopf.operator(
@@ -343,6 +362,7 @@ async def run(args: Settings) -> None:
     finally:
         resyncer.stop()
         runner.stop()
+        notifier.stop()
         await controller.stop()
         await asyncio.to_thread(events.close)
 

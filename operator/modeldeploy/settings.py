@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, ValidationError
 from pydantic_settings import (
@@ -133,6 +133,24 @@ class Settings(BaseSettings):
         None,
         description="a file (a mounted Secret) whose content is sent as a bearer token to --prometheus-url "
         "only, never to a ModelDeployment's own prometheusURL",
+    )
+    notification_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^/@\s]+(/\S*)?$",
+        description="a webhook told of every ModelDeployment's rollout events (the cluster-wide default; "
+        "each ModelDeployment may add its own, spec.rollout.notifications)",
+    )
+    notification_format: Literal["json", "slack", "cloudevents"] = Field(
+        "json", description="the format of --notification-url's bodies"
+    )
+    notification_signing_key_file: str | None = Field(
+        None,
+        description="a file (a mounted Secret) whose bytes sign every notification, under a key derived "
+        "per namespace (kubectl modeldeploy notification-key)",
+    )
+    notification_allowed_hosts: Namespaces = Field(
+        default_factory=list,
+        description="host patterns (fnmatch, a comma list) a webhook may name; default: any host",
     )
     verbose: CliToggleFlag[bool] = Field(False, description="debug logging")
 

@@ -16,6 +16,16 @@ import httpx
 from .cluster import Cluster, free_port
 
 
+def notification_key_file(cluster: Cluster) -> Path:
+    """The operator's notification signing key (32 random bytes, made once per cluster): what a chart
+    install mounts from a Secret; tests derive a namespace's key from it to check signatures."""
+    path = cluster.state_dir / "notification-signing.key"
+    if not path.exists():
+        path.write_bytes(os.urandom(32))
+        path.chmod(0o600)
+    return path
+
+
 def operator_env(
     cluster: Cluster,
     *,
@@ -37,6 +47,7 @@ def operator_env(
         "MODELDEPLOY_BIND_HOST": "127.0.0.1",
         "MODELDEPLOY_METRICS_PORT": str(metrics_port),
         "MODELDEPLOY_HEALTH_PORT": str(health_port),
+        "MODELDEPLOY_NOTIFICATION_SIGNING_KEY_FILE": str(notification_key_file(cluster)),
     }
 
 

@@ -221,6 +221,28 @@ def test_operator_understands_the_settings_the_chart_passes() -> None:
     assert env_of(docs)["MODELDEPLOY_BIND_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
 
 
+def test_notifications_reach_the_operator_with_their_signing_key_mounted_from_a_secret() -> None:
+    docs = render(
+        "--set", "operator.notifications.url=https://hooks.example/rollouts",
+        "--set", "operator.notifications.format=slack",
+        "--set", "operator.notifications.signingKeySecret=rollout-signing",
+        "--set", "operator.notifications.allowedHosts={hooks.example,*.slack.com}",
+    )  # fmt: skip
+    args = chart_settings(docs)
+    assert (args.notification_url, args.notification_format) == ("https://hooks.example/rollouts", "slack")
+    assert args.notification_allowed_hosts == ["hooks.example", "*.slack.com"]
+    key_file = args.notification_signing_key_file
+    mount = next(m for m in container(docs)["volumeMounts"] if m["name"] == "notification-key")
+    assert key_file == mount["mountPath"] + "/key" and mount["readOnly"] is True
+    volume = next(
+        v for v in deployment(docs)["spec"]["template"]["spec"]["volumes"] if v["name"] == "notification-key"
+    )
+    assert volume["secret"] == {"secretName": "rollout-signing", "items": [{"key": "key", "path": "key"}]}
+    off = chart_settings(render())
+    assert off.notification_url is None and off.notification_signing_key_file is None
+    assert off.notification_allowed_hosts == []
+
+
 def test_the_charts_defaults_are_valid_operator_settings() -> None:
     """Priority 0 in the values means random: the chart leaves the variable out (the operator reads 0 as
     kopf's priority 0); no namespaces listed and cluster-wide rights mean the variable is empty."""

@@ -37,6 +37,10 @@ EVERY_VARIABLE = {
     "MODELDEPLOY_PROMETHEUS_CA_FILE": "/ca.pem",
     "MODELDEPLOY_PROMETHEUS_INSECURE_SKIP_VERIFY": "true",
     "MODELDEPLOY_PROMETHEUS_BEARER_TOKEN_FILE": "/token",
+    "MODELDEPLOY_NOTIFICATION_URL": "https://hooks.example/rollouts",
+    "MODELDEPLOY_NOTIFICATION_FORMAT": "cloudevents",
+    "MODELDEPLOY_NOTIFICATION_SIGNING_KEY_FILE": "/key",
+    "MODELDEPLOY_NOTIFICATION_ALLOWED_HOSTS": "hooks.example, *.slack.com",
     "MODELDEPLOY_DEBUG": "1",
 }
 READ_FROM_EVERY_VARIABLE = {
@@ -57,6 +61,10 @@ READ_FROM_EVERY_VARIABLE = {
     "prometheus_ca_file": "/ca.pem",
     "prometheus_insecure_skip_verify": True,
     "prometheus_bearer_token_file": "/token",
+    "notification_url": "https://hooks.example/rollouts",
+    "notification_format": "cloudevents",
+    "notification_signing_key_file": "/key",
+    "notification_allowed_hosts": ["hooks.example", "*.slack.com"],
     "verbose": True,
 }
 
