@@ -89,9 +89,10 @@ test-e2e: deps
 	$(PYTEST) tests/e2e
 	$(E2E_CHART)
 
-# iproute2, nftables and shellcheck in one apt-get run (make test; each also has a target of its own)
+# iproute2, nftables, shellcheck and chromium (the dashboard's e2e test drives it headless) in one
+# apt-get run (make test; the first three also have a target of their own)
 system-packages:
-	@missing=""; for p in ip:iproute2 nft:nftables shellcheck:shellcheck; do \
+	@missing=""; for p in ip:iproute2 nft:nftables shellcheck:shellcheck chromium:chromium; do \
 	  command -v "$${p%%:*}" >/dev/null || missing="$$missing $${p#*:}"; done; \
 	if [ -n "$$missing" ]; then echo "installing Debian's$$missing ..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi

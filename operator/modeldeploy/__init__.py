@@ -17,7 +17,8 @@ Modules, by layer (operator -> reconciler -> plan -> canary -> builders -> api):
   watches and LISTs saw), :mod:`.events` (Events, posted in the background), :mod:`.notify` (rollout
   webhooks, delivered in the background), :mod:`.metrics`;
 * wiring: :mod:`.controller` (work queue, peering gate), :mod:`.operator` (kopf, ``python -m
-  modeldeploy``) with :mod:`.settings` (its flags and environment), :mod:`.cli` (``kubectl-modeldeploy``).
+  modeldeploy``) with :mod:`.settings` (its flags and environment), :mod:`.cli` (``kubectl-modeldeploy``) with
+  :mod:`.dashboard` and :mod:`.dashboard_page` (``kubectl modeldeploy dashboard``: a local web page).
 """
 
 __version__ = "0.1.0"

@@ -6,6 +6,7 @@
     kubectl modeldeploy abort NAME              # roll the canary back now
     kubectl modeldeploy rollback NAME           # fail back to the warm previous revision
     kubectl modeldeploy pause NAME | resume NAME
+    kubectl modeldeploy dashboard [-n NS] [--port 8090]  # a live web page on 127.0.0.1 (dashboard.py)
     kubectl modeldeploy notification-key --key-file F -n NS  # a team's webhook signing key (notify.py)
 
 How they are carried out (they survive operator restarts, both are stored in the object):
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from . import notify
+from . import dashboard, notify
 from .kube import MODELDEPLOYMENT, Kube, KubeError
 from .rollout_types import COMMAND_ANNOTATION
 
@@ -340,6 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("name")
         c.add_argument("-n", "--namespace", default="default")
         c.set_defaults(func=_pause)
+    dashboard.add_parser(sub)
     notify.add_key_parser(sub)
     return p
 
