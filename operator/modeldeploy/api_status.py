@@ -89,6 +89,9 @@ class Measurement(StatusModel):
     dry_run: bool | None = Field(
         default=None, description="Measured and shown, never decisive (analysis.dryRun)."
     )
+    window: str | None = Field(
+        default=None, max_length=64, description="The window it was taken for: a step, bake or shadow."
+    )
     judge: JudgeMeasurement | None = Field(
         default=None, description="The statistical judge's view of the window (value: the increase)."
     )

@@ -488,7 +488,7 @@ def _judging(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryD
         stable,
         cs.analysis,
         "canary",
-        f"step {step}, {weight}%",
+        f"step {step + 1}/{len(ro.steps)} at {weight}%",
         agreement_with=stable and ctx.current,
     )
     if out is None:

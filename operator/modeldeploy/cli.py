@@ -114,9 +114,10 @@ def render_status(md: dict[str, Any], now: datetime | None = None) -> str:
     )
     measurements = (st.get("analysis") or {}).get("measurements") or []
     lines += _section(
-        ("METRIC", "REVISION", "VALUE", "THRESHOLD", "VERDICT", "AGE"),
+        ("WINDOW", "METRIC", "REVISION", "VALUE", "THRESHOLD", "VERDICT", "AGE"),
         [
             (
+                m.get("window") or "-",
                 m.get("metric"),
                 m.get("revision"),
                 m.get("value"),

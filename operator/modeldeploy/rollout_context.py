@@ -5,11 +5,11 @@ helpers."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
-from .analysis import Outcome, advance
+from .analysis import Judgement, Outcome, advance
 from .api import (
     HISTORY_LIMIT,
     AnalysisStatus,
@@ -50,6 +50,15 @@ def window_due(rollout: RolloutSpec, started: datetime, analysis: AnalysisStatus
     last = analysis.last_run if analysis and analysis.last_run else None
     base = max(started, last) if last else started
     return base + seconds_of(rollout.interval)
+
+
+def tagged(j: Judgement, window: str) -> Judgement:
+    """``j`` with each measurement naming the window it was taken for (status, the plugin, history)."""
+
+    def tag(m: Measurement) -> Measurement:
+        return m.model_copy(update={"window": window[:64]})
+
+    return replace(j, measurements=[tag(m) for m in j.measurements], failing=j.failing and tag(j.failing))
 
 
 @dataclass
@@ -210,6 +219,7 @@ class ReconcileContext:
         if judgement is None:
             self.at(self.now + MEASUREMENT_RECHECK)
             return None
+        judgement = tagged(judgement, what)
         out = advance(self.rollout.analysis, analysis, judgement, self.now)
         # a failed window is AnalysisFailed even below failureLimit; a held window (no data) AnalysisHold;
         # a window whose queries failed AnalysisError

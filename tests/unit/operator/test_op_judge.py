@@ -252,3 +252,28 @@ def test_status_draws_each_judged_window_as_canary_and_stable_bars_with_the_verd
     assert "+28.0% [" in failed and "n=15/14" in failed
     # the dry-run measurement is shown as such in the table
     assert any(JUDGE_ERRORS in line and "(dry run)" in line for line in text.splitlines())
+
+
+# -- each measurement names its window ------------------------------------------------------------------
+
+
+def test_each_measurement_names_the_step_it_decided_and_the_plugin_shows_it():
+    from md_canary import World
+
+    w = World()
+    w.deploy_first()
+    new = w.new_version("2")
+    w.reconcile()
+    w.run_for(10)  # the first window (25 %) passes
+    w.prom.values[new] = {ERROR_RATE: 0.2}
+    w.run_for(10)  # the second (50 %) fails
+    st = w.status
+    h = st["history"][-1]
+    assert h["outcome"] == "RolledBack" and h["measurement"]["window"] == "step 2/3 at 50%"
+    windows = {m["window"] for m in st["analysis"]["measurements"] if m["revision"] == new}
+    assert windows == {"step 1/3 at 25%", "step 2/3 at 50%"}
+    text = cli.render_status(w.raw, now=w.clock.now)
+    failed = [
+        line for line in text.splitlines() if line.strip().startswith("step 2/3 at 50%") and "Fail" in line
+    ]
+    assert failed and ERROR_RATE in failed[0]
