@@ -7,7 +7,8 @@
 3. v2 canaried step by step, judged by Prometheus, promoted; v1 stays warm out of traffic;
 4. a broken v3 (a build that fails 30 % of requests) rolled back automatically;
 5. a manual failback to the warm v1 (``kubectl modeldeploy rollback``): a traffic switch, no restart;
-6. a summary table (what the load generator saw, and the decision history); then it cleans up
+6. v4, silently wrong, caught in the shadow stage; 7. a generative model streams an answer;
+8. a summary table (what the load generator saw, and the decision history); then it cleans up
    (``DEMO_KEEP=1`` keeps the cluster running).
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 import httpx
 import yaml
 
+from . import demo_generation
 from .cluster import Cluster, binaries_dir, down, up
 from .kubeapi import KubeAPI, ready_endpoints, service_url
 from .objectstore import ObjectStore
@@ -462,7 +464,10 @@ def run(state_dir: Path) -> int:
         _plugin(demo, "status", name)
         load.stop()
 
-        say("7. Summary")
+        say("7. A model that writes: task generation, streamed token by token (localcluster.genmodel)")
+        demo_generation.act(demo, ns)
+
+        say("8. Summary")
         md = _md(demo, ns, name)
         print(f"load generator: {load.summary()}; errors by kind: {dict(load.errors) or 'none'}")
         rows = [("time", "revision", "outcome", "reason")]
