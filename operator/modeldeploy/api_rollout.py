@@ -329,6 +329,20 @@ class ShadowSpec(ApiModel):
         return value
 
 
+#: what a rollout notification tells (modeldeploy.notify maps Events to them)
+NotificationType = Literal[
+    "Started",
+    "ShadowResult",
+    "StepAdvanced",
+    "Promoted",
+    "RolledBack",
+    "FailedBack",
+    "Paused",
+    "FallbackOn",
+    "FallbackOff",
+]
+
+
 class WebhookSpec(ApiModel):
     """A receiver of this ModelDeployment's rollout events (never in the rollout's way)."""
 
@@ -341,19 +355,7 @@ class WebhookSpec(ApiModel):
     format: Literal["json", "slack", "cloudevents"] = Field(
         default="json", description="json, a Slack-compatible {text}, or CloudEvents 1.0 (structured)."
     )
-    events: list[
-        Literal[
-            "Started",
-            "ShadowResult",
-            "StepAdvanced",
-            "Promoted",
-            "RolledBack",
-            "FailedBack",
-            "Paused",
-            "FallbackOn",
-            "FallbackOff",
-        ]
-    ] = Field(
+    events: list[NotificationType] = Field(
         default_factory=list,
         max_length=9,
         description="The events to send (empty: all).",
@@ -376,6 +378,50 @@ class WebhookSpec(ApiModel):
         if parse_duration(value) > 30:
             raise ValueError("spec.rollout.notifications[].timeout must be at most 30s")
         return value
+
+
+GATE_TIMEOUT_MESSAGE = "spec.rollout.gates.beforeFirstStep/beforePromotion.timeout must be at most 30s"
+
+
+class GateSpec(ApiModel):
+    """A URL the operator asks before the rollout goes on (Flagger's confirm-rollout / confirm-promotion):
+    HTTP 200 = go; anything else, no answer in time included, = wait (asked again every few seconds)."""
+
+    url: str = Field(
+        max_length=2048,
+        pattern=r"^https?://[^/@\s]+(/\S*)?$",
+        description="POSTed to ({namespace, name, revision, gate}); 200 opens the gate, anything else keeps "
+        "it closed. Host in --notification-allowed-hosts, when set. No credentials in the URL.",
+    )
+    timeout: Duration = Field(
+        default="5s",
+        description="One ask, connect to the answer's status (at most 30s); no answer in time: closed.",
+        json_schema_extra=cel_validations(
+            cel_rule("duration(self) <= duration('30s')", GATE_TIMEOUT_MESSAGE)
+        ),
+    )
+
+    @field_validator("timeout")
+    @classmethod
+    def _timeout(cls, value: str) -> str:
+        if parse_duration(value) > 30:
+            raise ValueError(GATE_TIMEOUT_MESSAGE)
+        return value
+
+
+class GatesSpec(ApiModel):
+    """Gates a rollout waits at until their URL answers 200 (a closed gate never fails a rollout)."""
+
+    before_first_step: GateSpec | None = Field(
+        default=None,
+        description="Asked before any traffic moves to the canary (after the shadow stage, if any): its "
+        "pods come up warm, out of traffic, until the gate is open.",
+    )
+    before_promotion: GateSpec | None = Field(
+        default=None,
+        description="Asked once the last step's analysis passed: promotion waits until the gate is open "
+        "(the last step's windows go on being judged meanwhile).",
+    )
 
 
 class KeepPreviousSpec(ApiModel):
@@ -438,6 +484,10 @@ class RolloutSpec(ApiModel):
         max_length=8,
         description="Webhooks told of this rollout's events (started, shadow result, step advanced, "
         "promoted, rolled back, failed back, paused, fallback on/off).",
+    )
+    gates: GatesSpec | None = Field(
+        default=None,
+        description="URLs asked before the first step and before promotion (200: go; anything else: wait).",
     )
 
     model_config = ConfigDict(

@@ -112,6 +112,21 @@ class ShadowStatus(StatusModel):
     samples: int | None = Field(default=None, ge=0, description="Compared requests so far.")
 
 
+GateName = Literal["beforeFirstStep", "beforePromotion"]
+
+
+class GateStatus(StatusModel):
+    """The gate the canary revision waits at, or last passed (spec.rollout.gates): who is being waited
+    for, since when, and what it last answered."""
+
+    gate: GateName
+    revision: str = Field(max_length=63)
+    host: str = Field(default="", max_length=512, description="The gate URL's scheme, host and port.")
+    waiting_since: datetime | None = Field(default=None, description="When the rollout began asking it.")
+    opened_at: datetime | None = Field(default=None, description="When it answered 200 (unset: waiting).")
+    message: str = Field(default="", max_length=1024, description="Its last answer, e.g. HTTP 403.")
+
+
 class FallbackStatus(StatusModel):
     """The CPU fallback: idle, active (answering instead of the GPU revision) or returning."""
 
@@ -245,6 +260,7 @@ class ModelDeploymentStatus(StatusModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     shadow: ShadowStatus | None = None
+    gate: GateStatus | None = None
     fallback: FallbackStatus | None = None
     analysis: AnalysisStatus | None = None
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
