@@ -53,6 +53,14 @@ from .api import (
     ModelDeploymentSpec,
     ShadowStatus,
 )
+from .gate_stage import (
+    before_first_step,
+    gate_message,
+    gated_promotion,
+    holds_traffic,
+    promotion_waiting,
+    waiting,
+)
 from .rollout_context import ReconcileContext, seconds_of, window_due
 from .rollout_types import (
     FAILED_KINDS,
@@ -61,6 +69,7 @@ from .rollout_types import (
     Decision,
     Event,
     FailBack,
+    Gates,
     Measure,
     NextStep,
     Probe,
@@ -123,10 +132,11 @@ def decide(
     measure: Measure | None = None,
     probe: Probe | None = None,
     hold: bool = False,
+    gates: Gates | None = None,
 ) -> Decision:
-    """The rollout decision for one reconcile (pure, given a pure ``measure`` and ``probe``); ``hold``:
-    the CPU fallback is in traffic, nothing is judged."""
-    ctx = ReconcileContext.observe(md, current, live_specs, counts, now, measure, probe, hold)
+    """The rollout decision for one reconcile (pure, given a pure ``measure``, ``probe`` and ``gates``);
+    ``hold``: the CPU fallback is in traffic, nothing is judged."""
+    ctx = ReconcileContext.observe(md, current, live_specs, counts, now, measure, probe, hold, gates)
     return ctx.finish(_make_before_break(ctx, STATES[state_of(ctx)](ctx)))
 
 
@@ -362,7 +372,7 @@ def _canary(ctx: ReconcileContext) -> Decision:
     """A canary of the current revision: each state function in turn, until one decides."""
     cs = _deploying(ctx)
     decision: CanaryDecision | None = None
-    for state in (_command, shadowing, _step, _judging):
+    for state in (_command, shadowing, before_first_step, _step, promotion_waiting, _judging):
         cs, decision = state(ctx, cs)
         if decision is not None:
             break
@@ -381,9 +391,9 @@ def _deploying(ctx: ReconcileContext) -> CanaryStep:
     canary = st.canary_revision
     if canary == current:
         shadow = st.shadow if st.shadow is not None and st.shadow.revision == current else None
-        return CanaryStep(
-            min(st.step or 0, len(steps) - 1), st.step_started_at, st.step_waiting_since, st.analysis, shadow
-        )
+        gate = st.gate if st.gate is not None and st.gate.revision == current else None
+        step = min(st.step or 0, len(steps) - 1)
+        return CanaryStep(step, st.step_started_at, st.step_waiting_since, st.analysis, shadow, gate)
     if canary is not None and canary != ctx.stable and not has_failed(ctx.history, canary):
         ctx.record(canary, "Superseded", f"superseded by revision {current}")
     sh = ctx.rollout.shadow
@@ -445,8 +455,9 @@ def _split(ctx: ReconcileContext, step: int) -> tuple[int, int]:
 
 def _step(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
     """The step's pods: its clock starts once they are in traffic; waiting for them never lasts past
-    ``progressDeadline`` (never silently forever), except while paused."""
-    if cs.shadow is not None:
+    ``progressDeadline`` (never silently forever), except while paused; none while a gate holds the
+    traffic (:func:`gate_stage.before_first_step`)."""
+    if cs.shadow is not None or holds_traffic(cs):
         return cs, None
     if cs.started is not None:
         return replace(cs, waiting=None), None
@@ -499,7 +510,7 @@ def _judging(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryD
         return cs, RollBack("RolledBack", reason, out.failing)
     if out.action == "pass":
         if step + 1 >= len(ro.steps):
-            return cs, Promote(f"all {len(ro.steps)} steps passed")
+            return gated_promotion(ctx, cs, f"all {len(ro.steps)} steps passed")
         return cs, NextStep()
     ctx.at(window_due(ro, started, cs.analysis))
     return cs, None
@@ -527,7 +538,10 @@ def _progressing(ctx: ReconcileContext, cs: CanaryStep) -> Decision:
     stable, current, ro = ctx.stable, ctx.current, ctx.rollout
     steps, weight = ro.steps, ro.steps[cs.step]
     c_pods, s_in = _split(ctx, cs.step)
-    if s_in == 0:
+    held = holds_traffic(cs)
+    if held:  # beforeFirstStep is closed: the canary's pods come up warm, the stable keeps all traffic
+        s_in, weight = ctx.replicas, 0
+    elif s_in == 0:
         # at 100 % the stable has no pod in traffic of its own: its pods stand in for the canary pods that
         # are not (yet, or no longer: their node lost) in traffic, so the Service never runs out of
         # endpoints. Below 100 % the stable keeps a pod in traffic: missing canary pods cost capacity only
@@ -536,14 +550,17 @@ def _progressing(ctx: ReconcileContext, cs: CanaryStep) -> Decision:
     previous = ctx.previous if warm else None
     targets = [
         Target(stable, ctx.spec_of(stable), ctx.replicas, "stable", s_in),
-        Target(current, ctx.spec, c_pods, "canary", c_pods),
+        Target(current, ctx.spec, c_pods, "canary", 0 if held else c_pods),
         *warm,
         *ctx.failed(stable, current, previous or ""),
     ]
-    pending = "" if cs.started is not None else " (waiting for its pods)"
+    pending = "" if cs.started is not None or held else " (waiting for its pods)"
     paused = " (paused)" if ro.paused else ""
     message = f"revision {current}: step {cs.step + 1}/{len(steps)} at {weight}%{pending}{paused}"
     reason = "CanaryPaused" if ro.paused else "CanaryProgressing"
+    gate = waiting(cs)
+    if gate is not None:
+        reason, message = "WaitingForGate", f"{message}: {gate_message(gate)}"
     if analysis_paused(cs.analysis):
         assert cs.analysis is not None
         reason, message = "AnalysisPaused", f"{message}: {cs.analysis.paused_reason}"
@@ -562,6 +579,7 @@ def _progressing(ctx: ReconcileContext, cs: CanaryStep) -> Decision:
         progressing_message=message,
         command_seen=ctx.command is not None,
         mirror=agreement_mirror(ro, stable, current) if weight < 100 else None,
+        gate=cs.gate,
     )
 
 

@@ -205,9 +205,10 @@ def plan(
     measure: rt.Measure | None = None,
     probe: rt.Probe | None = None,
     prometheus_url: str | None = None,
+    gates: rt.Gates | None = None,
 ) -> Plan:
-    """Everything to do for one ModelDeployment (pure, given a pure ``measure`` and ``probe``).
-    ``prometheus_url``: the operator's, where ``spec.autoscaling`` names none."""
+    """Everything to do for one ModelDeployment (pure, given a pure ``measure``, ``probe`` and
+    ``gates``). ``prometheus_url``: the operator's, where ``spec.autoscaling`` names none."""
     current = builders.spec_revision(md.spec)
     uid = md.uid
     deployments = [d for d in observed.deployments if owned_by(d, uid)]
@@ -222,7 +223,7 @@ def plan(
 
     old_fb = md.status.fallback
     hold = old_fb is not None and old_fb.state != "Idle" and md.spec.fallback is not None
-    decision = canary.decide(md, current, live_specs, counts, now, measure, probe, hold=hold)
+    decision = canary.decide(md, current, live_specs, counts, now, measure, probe, hold=hold, gates=gates)
     if rebuilt is not None:
         decision.events.append(rebuilt)
         if decision.degraded_reason is None:
@@ -242,7 +243,7 @@ def plan(
     ]
 
     # -- readiness gates: how many pods of each revision in traffic; who copies requests where
-    gates = pod_gates(facts, targets)
+    readiness = pod_gates(facts, targets)
     annotations = shadow_annotations(
         facts, mirror, mirror_url(md, services, mirror.target) if mirror else None
     )
@@ -258,7 +259,7 @@ def plan(
         revisions=targets,
         apply=desired,
         delete=deletions,
-        pod_gates=gates,
+        pod_gates=readiness,
         status=status,
         events=decision.events + events,
         requeue_after=requeue,
@@ -348,6 +349,7 @@ def compute_status(
             "step_waiting_since": decision.step_waiting_since,
             "analysis": decision.analysis,
             "shadow": decision.shadow,
+            "gate": decision.gate,
             "fallback": fallback_status,
             "replicas": sum(t.replicas for t in decision.targets),
             "serving_replicas": want,

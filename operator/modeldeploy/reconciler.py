@@ -37,7 +37,7 @@ from .kube import (
 )
 from .notify import Notifier, Webhook, notification_for, own_webhooks
 from .plan import EventSpec, Observed, Plan, error_status, plan
-from .rollout_types import COMMAND_ANNOTATION, AnalysisRequest
+from .rollout_types import COMMAND_ANNOTATION, AnalysisRequest, Gates
 from .status import (
     DEGRADED,
     PROGRESSING,
@@ -131,12 +131,16 @@ class Reconciler:
         events: EventSink | None = None,
         notifier: Notifier | None = None,
         webhooks: Sequence[Webhook] = (),
+        gates: Gates | None = None,
     ):
         self.kube = kube
         # rollout notifications (queued, never waited for): every ModelDeployment's to ``webhooks`` (the
         # cluster-wide default), and each one's to its own spec.rollout.notifications
         self.notifier = notifier
         self.webhooks = tuple(webhooks)
+        # where spec.rollout.gates are asked (modeldeploy.gates: in the background, never waited for);
+        # None: a gate is never answered, and a rollout with one waits at it
+        self.gates = gates
         # where Events go: posted before the reconcile goes on, unless the operator hands a background poster
         self.events = events or PostNow(kube)
         # children from the watches (no LIST per reconcile); None: LIST them
@@ -258,7 +262,13 @@ class Reconciler:
         )
         now = self.clock()
         p = plan(
-            md, observed, now, self.measure_for(md), self.probe_for(md), prometheus_url=self.prometheus_url
+            md,
+            observed,
+            now,
+            self.measure_for(md),
+            self.probe_for(md),
+            prometheus_url=self.prometheus_url,
+            gates=self.gates,
         )
         result = Result(plan=p, requeue_after=p.requeue_after)
         live = {

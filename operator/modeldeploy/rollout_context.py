@@ -31,6 +31,7 @@ from .rollout_types import (
     Command,
     Decision,
     Event,
+    Gates,
     Measure,
     Probe,
     RolloutResult,
@@ -82,6 +83,7 @@ class ReconcileContext:
     wake: list[datetime] = field(default_factory=list)
     probe: Probe | None = None
     hold: bool = False  # the CPU fallback is in traffic: nothing is judged (modeldeploy.fallback)
+    gates: Gates | None = None  # the newest answers of spec.rollout.gates (modeldeploy.gate_stage)
 
     @classmethod
     def observe(
@@ -94,6 +96,7 @@ class ReconcileContext:
         measure: Measure | None,
         probe: Probe | None = None,
         hold: bool = False,
+        gates: Gates | None = None,
     ) -> ReconcileContext:
         st = md.status
         ctx = cls(
@@ -109,6 +112,7 @@ class ReconcileContext:
             history=list(st.history),
             probe=probe,
             hold=hold,
+            gates=gates,
         )
         previous = ctx.previous
         if previous is not None and (live_specs.get(previous) is None or previous == st.stable_revision):

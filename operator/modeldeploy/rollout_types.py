@@ -17,6 +17,8 @@ from .analysis import Judgement, build_queries, build_shadow_queries
 from .api import (
     AnalysisStatus,
     CompareSpec,
+    GateName,
+    GateStatus,
     HistoryEntry,
     HistoryKind,
     Measurement,
@@ -136,6 +138,27 @@ class Probe(Protocol):
 
 
 @dataclass(frozen=True)
+class GateAnswer:
+    """A gate's answer: open (it answered 200) or closed, with a one-line reason (``HTTP 403``, ``no
+    answer within 5s``, ``host ... is not allowed``)."""
+
+    open: bool
+    reason: str
+
+
+class Gates(Protocol):
+    """Where the rollout's gates are asked (I/O off the reconcile path, :mod:`modeldeploy.gates`; a fake
+    in unit tests)."""
+
+    def ask(
+        self, namespace: str, name: str, revision: str, gate: GateName, url: str, timeout: float
+    ) -> GateAnswer | None:
+        """The newest answer of ``gate`` for ``revision`` (None: not answered yet); asking again in the
+        background when it is a few seconds old."""
+        ...
+
+
+@dataclass(frozen=True)
 class Mirror:
     """The servers of ``source`` copy ``sample_rate`` of the requests they answer to ``target``."""
 
@@ -198,6 +221,7 @@ class Decision:
     command_seen: bool = False  # a command annotation was read (handled or stale): remove it
     routing_mode: str = "replicas"
     shadow: ShadowStatus | None = None  # the shadow stage, while in it
+    gate: GateStatus | None = None  # the gate the canary waits at, or last passed (spec.rollout.gates)
     mirror: Mirror | None = None  # which servers copy requests where
     fallback_revision: str | None = None  # the CPU fallback in traffic (modeldeploy.fallback): route to it
 
@@ -295,6 +319,7 @@ class CanaryStep:
     waiting: datetime | None  # since when the step waits for its pods
     analysis: AnalysisStatus | None
     shadow: ShadowStatus | None = None  # in the shadow stage (before ``step``)
+    gate: GateStatus | None = None  # the gate it waits at, or last passed
 
 
 #: a pending measurement is looked at again this soon at the latest (its end also enqueues the reconcile)
