@@ -38,6 +38,7 @@ from .builders import LABEL_NAME
 from .childcache import ChildCache, index_key, trimmed
 from .controller import Controller, PeeringGate
 from .events import PostInBackground
+from .gates import GateAsker
 from .kube import (
     BY_KIND,
     CLUSTER_PEERING,
@@ -312,6 +313,13 @@ async def run(args: Settings) -> None:
         on_done=lambda ns, name: loop.call_soon_threadsafe(enqueue_all, {(ns, name)}),
     )
     notifier, webhooks = notifications(args)
+    # gates are asked in a thread of their own (the notifications' host allow-list and signing key); an
+    # answer that changed asks for a reconcile of its owner
+    gates = GateAsker(
+        on_done=lambda ns, name: loop.call_soon_threadsafe(enqueue_all, {(ns, name)}),
+        allowed_hosts=notifier.allowed_hosts,
+        signing_key=notifier.signing_key,
+    )
     reconciler = Reconciler(
         kube,
         instance=ident,
@@ -321,6 +329,7 @@ async def run(args: Settings) -> None:
         measurements=runner,
         notifier=notifier,
         webhooks=webhooks,
+        gates=gates,
     )
     gate = peering_gate(kube, ident, args)
     controller = Controller(reconciler.reconcile, workers=args.workers, gate=gate)
@@ -346,6 +355,7 @@ async def run(args: Settings) -> None:
     controller.start()
     runner.start()
     notifier.start()
+    gates.start()
     resyncer.start()
     try:
         await kopf.operator(
@@ -363,6 +373,7 @@ async def run(args: Settings) -> None:
         resyncer.stop()
         runner.stop()
         notifier.stop()
+        gates.stop()
         await controller.stop()
         await asyncio.to_thread(events.close)
 

@@ -1,0 +1,168 @@
+"""The gate asker (modeldeploy.gates) against a real HTTP server on 127.0.0.1: 200 opens, anything else
+keeps the gate closed with a one-line reason, a hanging gate never blocks the caller, an answer that
+changed asks for a reconcile of its owner."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from modeldeploy.gates import GateAsker
+from modeldeploy.notify import SIGNATURE_HEADER, namespace_key, signature
+from modeldeploy.rollout_types import GateAnswer
+
+KEY = b"operator-signing-key"
+
+
+class Gate(ThreadingHTTPServer):
+    """Records each POST (headers, body); answers ``status``, or holds the connection while ``hang``."""
+
+    daemon_threads = True
+
+    def __init__(self, status: int = 200, hang: bool = False) -> None:
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.status, self.hang = status, hang
+        self.got: list[tuple[dict[str, str], bytes]] = []
+        self.release = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/confirm/secret-path"
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Gate
+
+    def do_POST(self) -> None:
+        data = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.got.append(({k.lower(): v for k, v in self.headers.items()}, data))
+        if self.server.hang:
+            self.server.release.wait(20)
+            return
+        self.send_response(self.server.status)
+        if self.server.status in (301, 302):
+            self.send_header("Location", "/elsewhere")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def serve() -> Iterator:
+    started: list[Gate] = []
+
+    def start(status: int = 200, hang: bool = False) -> Gate:
+        g = Gate(status, hang)
+        threading.Thread(target=g.serve_forever, daemon=True).start()
+        started.append(g)
+        return g
+
+    yield start
+    for g in started:
+        g.release.set()
+        g.shutdown()
+
+
+@pytest.fixture
+def asker() -> Iterator[tuple[GateAsker, list[tuple[str, str]]]]:
+    done: list[tuple[str, str]] = []
+    a = GateAsker(on_done=lambda ns, name: done.append((ns, name)), refresh=0.2, signing_key=KEY).start()
+    yield a, done
+    a.stop()
+
+
+def answer(a: GateAsker, url: str, timeout: float = 2.0, wait: float = 10.0) -> GateAnswer:
+    """Ask until an answer is in (each call returns at once)."""
+    end = time.monotonic() + wait
+    while True:
+        got = a.ask("team-a", "echo", "5d7f", "beforeFirstStep", url, timeout)
+        if got is not None:
+            return got
+        assert time.monotonic() < end, "no answer"
+        time.sleep(0.02)
+
+
+def test_200_opens_and_the_request_says_which_gate_of_which_rollout(serve, asker):
+    a, done = asker
+    g = serve(200)
+    assert answer(a, g.url) == GateAnswer(True, "HTTP 200")
+    headers, body = g.got[0]
+    assert json.loads(body) == {
+        "namespace": "team-a",
+        "name": "echo",
+        "revision": "5d7f",
+        "gate": "beforeFirstStep",
+    }
+    assert headers["content-type"] == "application/json"
+    assert headers[SIGNATURE_HEADER.lower()] == signature(namespace_key(KEY, "team-a"), body)
+    assert done == [("team-a", "echo")]
+
+
+@pytest.mark.parametrize("status", [403, 500, 204, 302])
+def test_anything_but_200_stays_closed_with_the_status(serve, asker, status):
+    a, _ = asker
+    g = serve(status)
+    assert answer(a, g.url) == GateAnswer(False, f"HTTP {status}")
+    time.sleep(0.3)
+    assert len(g.got) >= 1 and all(h.get("host", "").startswith("127.0.0.1") for h, _ in g.got)  # no redirect
+
+
+def test_a_closed_gate_is_asked_again_and_opening_it_asks_for_a_reconcile(serve, asker):
+    a, done = asker
+    g = serve(403)
+    assert not answer(a, g.url).open
+    assert done == [("team-a", "echo")]
+    g.status = 200
+    end = time.monotonic() + 10
+    while not answer(a, g.url).open:
+        assert time.monotonic() < end, "never asked again"
+        time.sleep(0.05)
+    assert len(g.got) >= 2 and done == [("team-a", "echo")] * 2  # one reconcile per change of answer
+
+
+def test_a_hanging_gate_never_blocks_the_caller_and_stays_closed(serve, asker):
+    a, _ = asker
+    g = serve(hang=True)
+    started = time.monotonic()
+    assert a.ask("team-a", "echo", "5d7f", "beforeFirstStep", g.url, 0.5) is None
+    assert time.monotonic() - started < 0.05
+    got = answer(a, g.url, timeout=0.5)
+    assert got == GateAnswer(False, "no answer within 0.5s")
+    # asked again while the last ask hangs: one at a time, never a wait
+    for _ in range(20):
+        t = time.monotonic()
+        assert a.ask("team-a", "echo", "5d7f", "beforeFirstStep", g.url, 0.5) is not None
+        assert time.monotonic() - t < 0.05
+    assert a.in_flight() <= 1
+
+
+def test_a_refused_connection_is_closed_with_a_one_line_reason(asker):
+    a, _ = asker
+    s = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port = s.server_address[1]
+    s.server_close()  # nothing listens there now
+    got = answer(a, f"http://127.0.0.1:{port}/x")
+    assert not got.open and "\n" not in got.reason and got.reason
+
+
+def test_a_host_the_operator_does_not_allow_is_closed_without_asking(serve):
+    g = serve(200)
+    a = GateAsker(allowed_hosts=["*.example.com"]).start()
+    try:
+        got = a.ask("team-a", "echo", "5d7f", "beforePromotion", g.url, 2.0)
+        assert (
+            got is not None
+            and not got.open
+            and "not allowed" in got.reason
+            and "secret-path" not in got.reason
+        )
+        time.sleep(0.2)
+        assert g.got == [] and a.in_flight() == 0
+    finally:
+        a.stop()
