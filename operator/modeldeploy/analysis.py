@@ -582,19 +582,11 @@ def _errored(
     spec: AnalysisSpec, old: AnalysisStatus, j: Judgement, now: datetime, kept: list[Measurement]
 ) -> Outcome:
     """A window whose queries failed: held; the ``errorLimit``-th in a row pauses the rollout."""
-    errors = old.consecutive_errors + 1
     what = _describe(j.failing) if j.failing else "a query failed"
-    reason = f"{what} ({errors}/{spec.error_limit} consecutive query errors)"
-    paused = errors >= spec.error_limit
-    new = old.model_copy(
-        update={
-            "consecutive_errors": errors,
-            "last_run": now,
-            "measurements": kept,
-            "paused_reason": f"analysis paused: {reason}" if paused else None,
-        }
+    count = old.consecutive_errors + 1
+    return _held(
+        old, j, now, kept, ("consecutive_errors", count, spec.error_limit), what, "consecutive query errors"
     )
-    return Outcome("pause" if paused else "hold", new, reason, j.failing, "Error")
 
 
 def _inconclusive(
@@ -603,19 +595,33 @@ def _inconclusive(
     """A window the judge could not tell: held; the ``inconclusiveLimit``-th in a row pauses the rollout
     for a human (Argo Rollouts' inconclusive semantics)."""
     assert spec.judge is not None and j.failing is not None
-    count = old.consecutive_inconclusive + 1
-    limit = spec.judge.inconclusive_limit
-    reason = f"{_describe(j.failing)} ({count}/{limit} inconclusive windows)"
+    counter = ("consecutive_inconclusive", old.consecutive_inconclusive + 1, spec.judge.inconclusive_limit)
+    return _held(old, j, now, kept, counter, _describe(j.failing), "inconclusive windows")
+
+
+def _held(
+    old: AnalysisStatus,
+    j: Judgement,
+    now: datetime,
+    kept: list[Measurement],
+    counter: tuple[str, int, int],
+    what: str,
+    counted: str,
+) -> Outcome:
+    """A window that neither passes nor fails (its queries failed, or the judge could not tell): held,
+    counted in ``counter`` (status field, new count, limit); at the limit the rollout pauses for a human."""
+    field, count, limit = counter
+    reason = f"{what} ({count}/{limit} {counted})"
     paused = count >= limit
     new = old.model_copy(
         update={
-            "consecutive_inconclusive": count,
+            field: count,
             "last_run": now,
             "measurements": kept,
             "paused_reason": f"analysis paused: {reason}" if paused else None,
         }
     )
-    return Outcome("pause" if paused else "hold", new, reason, j.failing, "Inconclusive")
+    return Outcome("pause" if paused else "hold", new, reason, j.failing, j.verdict)
 
 
 def _describe(m: Measurement) -> str:

@@ -41,21 +41,10 @@ import aiohttp
 
 from . import metrics
 from .api import WebhookSpec, parse_duration
+from .api_rollout import NotificationType
 
 log = logging.getLogger(__name__)
 
-NotificationType = Literal[
-    "Started",
-    "ShadowResult",
-    "StepAdvanced",
-    "Promoted",
-    "RolledBack",
-    "FailedBack",
-    "Paused",
-    "FallbackOn",
-    "FallbackOff",
-]
-NOTIFICATION_TYPES: tuple[NotificationType, ...] = NotificationType.__args__  # type: ignore[attr-defined]
 
 #: Event reasons (what a reconcile posts) -> the notification they are
 BY_REASON: dict[str, NotificationType] = {
