@@ -376,6 +376,26 @@ def write_chaos_report(figures: dict[str, Any]) -> None:
         path.write_text(json.dumps({**old, **figures}, indent=2, sort_keys=True))
 
 
+def stable_on(kube: Kube, ns: str, version: str, name: str = "echo", timeout: float = 90) -> str:
+    """The stable revision once ``name`` is Healthy on model ``version`` with no canary."""
+
+    def ok() -> str | None:
+        st = md_status(kube, ns, name)
+        revs = {r["revision"]: r for r in st.get("revisions", [])}
+        stable = st.get("stableRevision")
+        healthy = st.get("phase") == "Healthy" and not st.get("canaryRevision")
+        return str(stable) if healthy and revs.get(stable, {}).get("modelVersion") == version else None
+
+    return wait_for(ok, timeout=timeout, interval=0.2, what=f"{name} healthy on version {version}")
+
+
+def next_revision(kube: Kube, ns: str, old: str, name: str = "echo") -> str:
+    """The revision of ``name``'s spec once it is no longer ``old``."""
+    return wait_for(
+        lambda: (r := md_status(kube, ns, name).get("revision")) != old and r, timeout=30, what="new revision"
+    )
+
+
 def md_status(kube: Kube, ns: str, name: str) -> dict[str, Any]:
     return (kube.get(GROUP_PATH.format(ns=ns, name=name)) or {}).get("status") or {}
 

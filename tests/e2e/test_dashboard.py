@@ -29,7 +29,7 @@ from typing import Any
 from localcluster.testing import Kube, wait_for
 from modeldeploy.dashboard import make_server
 
-from .canary_support import LoadGenerator, md_status, noop_md
+from .canary_support import LoadGenerator, md_status, noop_md, stable_on
 from .headless_chromium import Chromium
 
 NAME = "shown"
@@ -98,17 +98,6 @@ def page_of(browser: Chromium, ns: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def stable_on(kube: Kube, ns: str, version: str) -> str:
-    def ok() -> str | None:
-        st = md_status(kube, ns, NAME)
-        revs = {r["revision"]: r for r in st.get("revisions", [])}
-        stable = st.get("stableRevision")
-        healthy = st.get("phase") == "Healthy" and not st.get("canaryRevision")
-        return str(stable) if healthy and revs.get(stable, {}).get("modelVersion") == version else None
-
-    return wait_for(ok, timeout=150, interval=0.2, what=f"{NAME} healthy on version {version}")
-
-
 class Both:
     """Polls the status and the page side by side: when each first showed a state."""
 
@@ -151,7 +140,7 @@ def test_the_dashboard_shows_the_canary_step_then_the_rollback_as_they_happen(
 ) -> None:
     ns = namespace
     deploy(kube, ns, "1", GOOD)
-    v1 = stable_on(kube, ns, "1")
+    v1 = stable_on(kube, ns, "1", name=NAME, timeout=150)
     lags: dict[str, float] = {}
     with dashboard(kube, "-n", ns) as url, Chromium(tmp_path / "chromium") as browser:
         browser.open(url)

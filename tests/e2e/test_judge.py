@@ -17,7 +17,7 @@ from typing import Any
 
 from localcluster.testing import Kube, wait_for
 
-from .canary_support import LoadGenerator, events, md_status, noop_md
+from .canary_support import LoadGenerator, events, md_status, next_revision, noop_md, stable_on
 
 NAME = "judged"
 STABLE = "noop://?delay_ms=20"
@@ -41,17 +41,6 @@ def deploy(kube: Kube, ns: str, version: str, uri: str) -> None:
     kube.apply(md, ns)
 
 
-def stable_on(kube: Kube, ns: str, version: str) -> str:
-    def ok() -> str | None:
-        st = md_status(kube, ns, NAME)
-        revs = {r["revision"]: r for r in st.get("revisions", [])}
-        stable = st.get("stableRevision")
-        healthy = st.get("phase") == "Healthy" and not st.get("canaryRevision")
-        return str(stable) if healthy and revs.get(stable, {}).get("modelVersion") == version else None
-
-    return wait_for(ok, timeout=150, interval=0.2, what=f"{NAME} healthy on version {version}")
-
-
 def outcome(kube: Kube, ns: str, revision: str, wanted: str, timeout: float) -> dict[str, Any]:
     def seen() -> dict[str, Any] | None:
         st = md_status(kube, ns, NAME)
@@ -62,12 +51,6 @@ def outcome(kube: Kube, ns: str, revision: str, wanted: str, timeout: float) -> 
         )
 
     return wait_for(seen, timeout=timeout, interval=0.2, what=f"{revision} {wanted}")
-
-
-def next_revision(kube: Kube, ns: str, old: str) -> str:
-    return wait_for(
-        lambda: (r := md_status(kube, ns, NAME).get("revision")) != old and r, timeout=30, what="new revision"
-    )
 
 
 def judged(st: dict[str, Any], revision: str) -> list[dict[str, Any]]:
@@ -83,12 +66,12 @@ def test_a_revision_30_percent_slower_under_the_fixed_p99_limit_is_rolled_back_b
 ) -> None:
     ns = namespace
     deploy(kube, ns, "1", STABLE)
-    v1 = stable_on(kube, ns, "1")
+    v1 = stable_on(kube, ns, "1", name=NAME, timeout=150)
     load = LoadGenerator(kube, ns, NAME, workers=2, pause=0.03).wait_serving().start()
     try:
         start = time.monotonic()
         deploy(kube, ns, "2", SLOWER)
-        v2 = next_revision(kube, ns, v1)
+        v2 = next_revision(kube, ns, v1, name=NAME)
         st = outcome(kube, ns, v2, "RolledBack", 150)
         decided = time.monotonic()
         time.sleep(DATA_PLANE_LAG_S + 2)
@@ -124,12 +107,12 @@ def test_a_revision_identical_to_the_stable_passes_the_judge_and_is_promoted(
 ) -> None:
     ns = namespace
     deploy(kube, ns, "1", STABLE)
-    v1 = stable_on(kube, ns, "1")
+    v1 = stable_on(kube, ns, "1", name=NAME, timeout=150)
     load = LoadGenerator(kube, ns, NAME, workers=2, pause=0.03).wait_serving().start()
     try:
         start = time.monotonic()
         deploy(kube, ns, "2", STABLE + "&rev=2")
-        v2 = next_revision(kube, ns, v1)
+        v2 = next_revision(kube, ns, v1, name=NAME)
         st = outcome(kube, ns, v2, "Promoted", 150)
     finally:
         load.stop()

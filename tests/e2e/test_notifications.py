@@ -15,14 +15,13 @@ import hashlib
 import hmac
 import itertools
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from localcluster.operator_process import notification_key_file
+from localcluster.receiver import receivers as started_receivers
 from localcluster.testing import Kube, wait_for
 from modeldeploy.notify import SIGNATURE_HEADER, namespace_key
 
@@ -35,51 +34,10 @@ REPORT: dict[str, Any] = {}
 STEP_MARGIN_S = 12.0
 
 
-class Receiver(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, status: int = 200, hang: bool = False) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.status, self.hang = status, hang
-        self.got: list[tuple[float, dict[str, str], bytes]] = []
-        self.release = threading.Event()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/hooks/rollouts"
-
-
-class Handler(BaseHTTPRequestHandler):
-    server: Receiver
-
-    def do_POST(self) -> None:
-        data = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.got.append((time.monotonic(), {k.lower(): v for k, v in self.headers.items()}, data))
-        if self.server.hang:
-            self.server.release.wait(60)
-            return
-        self.send_response(self.server.status)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def receivers() -> Iterator[Any]:
-    started: list[Receiver] = []
-
-    def start(status: int = 200, hang: bool = False) -> Receiver:
-        r = Receiver(status, hang)
-        threading.Thread(target=r.serve_forever, daemon=True).start()
-        started.append(r)
-        return r
-
-    yield start
-    for r in started:
-        r.release.set()
-        r.shutdown()
+    with started_receivers() as start:
+        yield start
 
 
 def rollout(kube: Kube, ns: str, hooks: list[dict[str, Any]]) -> dict[str, float]:

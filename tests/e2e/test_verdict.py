@@ -27,7 +27,16 @@ from typing import Any
 import pytest
 from localcluster.testing import Kube, wait_for
 
-from .canary_support import LoadGenerator, events, md_status, noop_md, wait_for_event, write_chaos_report
+from .canary_support import (
+    LoadGenerator,
+    events,
+    md_status,
+    next_revision,
+    noop_md,
+    stable_on,
+    wait_for_event,
+    write_chaos_report,
+)
 from .fake_prometheus import DrippingPrometheus, GarbagePrometheus
 
 NAME = "echo"
@@ -62,23 +71,6 @@ def outcomes(st: dict[str, Any]) -> list[tuple[str, str]]:
 
 def history(kube: Kube, ns: str, name: str = NAME) -> list[tuple[str, str]]:
     return outcomes(md_status(kube, ns, name))
-
-
-def stable_on(kube: Kube, ns: str, version: str, name: str = NAME) -> str:
-    def ok() -> str | None:
-        st = md_status(kube, ns, name)
-        revs = {r["revision"]: r for r in st.get("revisions", [])}
-        stable = st.get("stableRevision")
-        healthy = st.get("phase") == "Healthy" and not st.get("canaryRevision")
-        return str(stable) if healthy and revs.get(stable, {}).get("modelVersion") == version else None
-
-    return wait_for(ok, timeout=90, interval=0.2, what=f"{name} healthy on version {version}")
-
-
-def next_revision(kube: Kube, ns: str, old: str, name: str = NAME) -> str:
-    return wait_for(
-        lambda: (r := md_status(kube, ns, name).get("revision")) != old and r, timeout=30, what="new revision"
-    )
 
 
 def until(kube: Kube, ns: str, pred: Any, timeout: float, what: str, name: str = NAME) -> dict[str, Any]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
+from localcluster.receiver import receivers
 from modeldeploy import metrics
 from modeldeploy.notify import (
     SIGNATURE_HEADER,
@@ -33,53 +33,10 @@ T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 KEY = b"operator-signing-key"
 
 
-class Receiver(ThreadingHTTPServer):
-    """Records each POST (headers, body); answers ``status``, or holds the connection while ``hang``."""
-
-    daemon_threads = True
-
-    def __init__(self, status: int = 200, hang: bool = False) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.status, self.hang = status, hang
-        self.got: list[tuple[dict[str, str], bytes]] = []
-        self.release = threading.Event()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/hook/secret-path"
-
-
-class Handler(BaseHTTPRequestHandler):
-    server: Receiver
-
-    def do_POST(self) -> None:
-        data = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.got.append(({k.lower(): v for k, v in self.headers.items()}, data))
-        if self.server.hang:
-            self.server.release.wait(20)
-            return
-        self.send_response(self.server.status)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def serve() -> Iterator[type[Receiver]]:
-    started: list[Receiver] = []
-
-    def start(status: int = 200, hang: bool = False) -> Receiver:
-        r = Receiver(status, hang)
-        threading.Thread(target=r.serve_forever, daemon=True).start()
-        started.append(r)
-        return r
-
-    yield start  # type: ignore[misc]
-    for r in started:
-        r.release.set()
-        r.shutdown()
+def serve() -> Iterator[Any]:
+    with receivers() as start:
+        yield start
 
 
 @pytest.fixture
@@ -175,7 +132,7 @@ def test_a_delivery_is_signed_with_the_namespace_key_a_team_can_check(serve, not
     r = serve()
     notifier.send(promoted("team-a"), [Webhook(r.url)])
     wait_for(lambda: r.got)
-    headers, data = r.got[0]
+    _, headers, data = r.got[0]
     team_key = namespace_key(KEY, "team-a")
     expected = "sha256=" + hmac.new(team_key, data, hashlib.sha256).hexdigest()
     assert headers[SIGNATURE_HEADER.lower()] == expected
@@ -192,7 +149,7 @@ def test_only_the_events_a_webhook_asked_for_are_sent(serve, notifier):
     notifier.send(started, [Webhook(r.url, events=("Promoted",))])
     notifier.send(promoted(), [Webhook(r.url, events=("Promoted",))])
     wait_for(lambda: len(r.got) == 1 and notifier.pending() == 0)
-    assert [json.loads(d)["type"] for _, d in r.got] == ["Promoted"]
+    assert [json.loads(d)["type"] for d in r.bodies()] == ["Promoted"]
 
 
 def test_a_receiver_answering_500_is_tried_three_times_then_counted_failed(serve, notifier):
@@ -238,7 +195,7 @@ def test_without_a_signing_key_nothing_is_signed(serve):
         wait_for(lambda: r.got)
     finally:
         n.stop()
-    assert SIGNATURE_HEADER.lower() not in r.got[0][0]
+    assert SIGNATURE_HEADER.lower() not in r.got[0][1]
 
 
 def test_a_host_the_operator_does_not_allow_is_refused_and_counted(serve):
