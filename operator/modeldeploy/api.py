@@ -600,3 +600,14 @@ def _check_query_scope(md: ModelDeployment) -> None:
             )
     if errors:
         raise ValidationError.from_exception_data(KIND, errors)
+
+
+def deprecated_fields(spec: ModelDeploymentSpec) -> list[str]:
+    """What ``spec`` says in a deprecated way, each as the warning a user reads (pure; docs/upgrade.md)."""
+    out = []
+    if spec.autoscaling is not None and spec.autoscaling.prometheus_url_deprecated is not None:
+        out.append(
+            "spec.autoscaling.prometheusUrl is deprecated: write spec.autoscaling.prometheusURL (spelled as "
+            "spec.rollout.analysis.prometheusURL); the old spelling is still read"
+        )
+    return out

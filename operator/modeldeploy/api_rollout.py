@@ -561,6 +561,11 @@ class FallbackSpec(ApiModel):
     _q = field_validator("cpu", "memory")(check_quantity)
 
 
+SPELLING_MESSAGE = (
+    "spec.autoscaling.prometheusUrl is the deprecated spelling of prometheusURL: set only prometheusURL"
+)
+
+
 class AutoscalingSpec(ApiModel):
     """Scale ``spec.replicas`` on a serving signal: the operator owns a KEDA ScaledObject (Prometheus
     trigger) whose HPA writes ``spec.replicas`` through the scale subresource; during a canary the operator
@@ -592,9 +597,23 @@ class AutoscalingSpec(ApiModel):
         default=None,
         max_length=2048,
         pattern=r"^https?://.+$",
+        alias="prometheusURL",
         description="Prometheus as KEDA reaches it (unset: spec.rollout.analysis.prometheusURL, else the "
         "operator's).",
     )
+    prometheus_url_deprecated: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://.+$",
+        alias="prometheusUrl",
+        description="Deprecated: the old spelling of prometheusURL, still read (a DeprecatedField warning "
+        "event says so); not together with prometheusURL.",
+    )
+
+    @property
+    def prometheus(self) -> str | None:
+        """The Prometheus URL for KEDA, by either spelling."""
+        return self.prometheus_url or self.prometheus_url_deprecated
 
     model_config = ConfigDict(
         json_schema_extra=cel_validations(
@@ -608,6 +627,11 @@ class AutoscalingSpec(ApiModel):
                 "spec.autoscaling.target: kvCacheUsage is a share of the KV cache, at most 1",
                 ".target",
             ),
+            cel_rule(
+                "!has(self.prometheusURL) || !has(self.prometheusUrl)",
+                SPELLING_MESSAGE,
+                ".prometheusUrl",
+            ),
         )
     )
 
@@ -617,6 +641,8 @@ class AutoscalingSpec(ApiModel):
             raise ValueError("spec.autoscaling.minReplicas must not exceed maxReplicas")
         if self.metric == "kvCacheUsage" and self.target > 1:
             raise ValueError("spec.autoscaling.target: kvCacheUsage is a share of the KV cache, at most 1")
+        if self.prometheus_url is not None and self.prometheus_url_deprecated is not None:
+            raise ValueError(SPELLING_MESSAGE)
         return self
 
     @field_validator("polling_interval", "window")

@@ -302,9 +302,9 @@ def desired_children(
     if md.spec.autoscaling is None:
         return desired, None
     a = md.spec.autoscaling
-    url = a.prometheus_url or md.spec.rollout.analysis.prometheus_url or prometheus_url
+    url = a.prometheus or md.spec.rollout.analysis.prometheus_url or prometheus_url
     if not url:
-        return desired, "spec.autoscaling: no Prometheus URL (set spec.autoscaling.prometheusUrl)"
+        return desired, "spec.autoscaling: no Prometheus URL (set spec.autoscaling.prometheusURL)"
     desired.append(autoscaling.build_scaled_object(md, a, url))
     return desired, None
 

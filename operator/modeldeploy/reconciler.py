@@ -17,7 +17,15 @@ from pydantic import ValidationError
 
 from . import metrics
 from .analysis import Judgement, Query, Sample, agreement_queries, judge, window
-from .api import API_VERSION, KIND, Condition, ModelDeployment, ModelDeploymentStatus, parse_duration
+from .api import (
+    API_VERSION,
+    KIND,
+    Condition,
+    ModelDeployment,
+    ModelDeploymentStatus,
+    deprecated_fields,
+    parse_duration,
+)
 from .builders import ANNOTATION_SHADOW, FIELD_MANAGER, LABEL_NAME, READINESS_GATE
 from .childcache import ChildCache
 from .diff import Path, mismatches, needs_apply
@@ -154,6 +162,8 @@ class Reconciler:
         self._normalized: dict[tuple[str, str, str], frozenset[Path]] = {}
         # the last InvalidStatus message posted as an event, per ModelDeployment (one event per message)
         self._reported_status: dict[tuple[str, str], str] = {}
+        # deprecated fields told about (namespace, name, generation, message): one event each
+        self._deprecations_told: set[tuple[str, str, Any, str]] = set()
 
     # -------------------------------------------------------------------------------- observe
     def observe(self, namespace: str, name: str, routes: bool = False, autoscaler: bool = False) -> Observed:
@@ -254,6 +264,7 @@ class Reconciler:
 
     def _reconcile(self, raw: dict[str, Any], md: ModelDeployment) -> Result:
         ns, name = md.namespace, md.name
+        self._warn_deprecated(raw, md)
         observed = self.observe(
             ns,
             name,
@@ -462,6 +473,15 @@ class Reconciler:
         hooks = [*self.webhooks, *own_webhooks(raw)]
         if hooks:
             self.notifier.send(n, hooks)
+
+    def _warn_deprecated(self, raw: dict[str, Any], md: ModelDeployment) -> None:
+        """A Warning Event ``DeprecatedField`` per deprecated field a ModelDeployment (this generation of
+        it) uses, once per operator process."""
+        for message in deprecated_fields(md.spec):
+            key = (md.namespace, md.name, raw["metadata"].get("generation"), message)
+            if key not in self._deprecations_told:
+                self._deprecations_told.add(key)
+                self.event(raw, EventSpec("Warning", "DeprecatedField", message))
 
     # -------------------------------------------------------------------------------- failures
     def _invalid(self, raw: dict[str, Any], err: ValidationError) -> Result:

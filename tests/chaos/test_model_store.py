@@ -59,7 +59,7 @@ def elastic_md(kube: Kube, s3: ObjectStore, uri: str, min_replicas: int) -> dict
         "target": 1000,  # the load never asks for more: only the floor moves
         "pollingInterval": "5s",
         # KEDA runs in the pod network: Prometheus as pods reach it
-        "prometheusUrl": kube.cluster.prometheus_url_pods or kube.cluster.prometheus_url,
+        "prometheusURL": kube.cluster.prometheus_url_pods or kube.cluster.prometheus_url,
     }
     del body["spec"]["replicas"]  # the HPA owns it
     return body

@@ -43,7 +43,7 @@ def elastic_md(kube: Kube, version: str, **rollout: Any) -> dict[str, Any]:
     body["spec"]["batching"] = {"maxBatchSize": 1, "maxQueueDelayMs": 1, "maxQueueSize": 256}
     # KEDA runs in the pod network: Prometheus as pods reach it
     prometheus = kube.cluster.prometheus_url_pods or kube.cluster.prometheus_url
-    body["spec"]["autoscaling"] = {**AUTOSCALING, "prometheusUrl": prometheus}
+    body["spec"]["autoscaling"] = {**AUTOSCALING, "prometheusURL": prometheus}
     del body["spec"]["replicas"]  # the HPA owns it
     return body
 
@@ -174,7 +174,7 @@ def minilm_elastic_md(kube: Kube) -> dict[str, Any]:
                 "buckets": [128],
             },
             # no scale-in while the test measures
-            "autoscaling": {**AUTOSCALING, "scaleDownStabilization": "60s", "prometheusUrl": prometheus},
+            "autoscaling": {**AUTOSCALING, "scaleDownStabilization": "60s", "prometheusURL": prometheus},
         },
     }
 

@@ -183,3 +183,26 @@ def test_a_kv_cache_target_is_a_share_at_most_1():
         AutoscalingSpec.model_validate({"maxReplicas": 2, "metric": "kvCacheUsage", "target": 80})
     full = AutoscalingSpec.model_validate({"maxReplicas": 2, "metric": "kvCacheUsage", "target": 1})
     assert full.target == 1
+
+
+def test_the_old_spelling_prometheus_url_is_still_read_with_one_deprecation_warning():
+    w = World(canary_md(replicas=1))
+    w.edit(autoscaling={**AUTOSCALING, "prometheusUrl": "http://old.example:9090"})
+    w.deploy_first()
+    w.reconcile()
+    (so,) = scaled_objects(w)
+    assert so["spec"]["triggers"][0]["metadata"]["serverAddress"] == "http://old.example:9090"
+    warned = [e for e in w.fake.events if e["reason"] == "DeprecatedField"]
+    assert len(warned) == 1 and warned[0]["type"] == "Warning"
+    assert "spec.autoscaling.prometheusURL" in warned[0]["message"]
+    w.edit(autoscaling={**AUTOSCALING, "prometheusURL": "http://new.example:9090"})
+    w.reconcile()
+    (so,) = scaled_objects(w)
+    assert so["spec"]["triggers"][0]["metadata"]["serverAddress"] == "http://new.example:9090"
+    assert len([e for e in w.fake.events if e["reason"] == "DeprecatedField"]) == 1
+
+
+def test_both_spellings_of_prometheus_url_are_refused_naming_the_old_one():
+    both = {**AUTOSCALING, "prometheusURL": "http://a:9090", "prometheusUrl": "http://b:9090"}
+    with pytest.raises(ValidationError, match=r"spec\.autoscaling\.prometheusUrl is the deprecated spelling"):
+        AutoscalingSpec.model_validate(both)
