@@ -26,7 +26,7 @@ from .rollout_context import ReconcileContext
 from .rollout_types import CanaryDecision, CanaryStep, Event, GateAnswer, Promote
 
 #: how soon a closed gate's status is looked at again (a finished answer also asks for a reconcile)
-GATE_RECHECK = timedelta(seconds=5)
+GATE_RECHECK = timedelta(seconds=3)
 
 #: the message of a gate asked but not answered yet
 ASKING = "asking"

@@ -58,7 +58,7 @@ class GateAsker:
         *,
         allowed_hosts: Sequence[str] = (),
         signing_key: bytes | None = None,
-        refresh: float = 3.0,
+        refresh: float = 2.5,
         max_age: float = 120.0,
         concurrency: int = 16,
         clock: Callable[[], float] = time.monotonic,
