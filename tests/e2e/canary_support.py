@@ -164,6 +164,7 @@ class LoadGenerator:
         self.started = 0.0
         self.errors: list[str] = []  # tracebacks of dead workers
         self.diagnostics: list[str] = []  # the data plane at the first ENETUNREACH (_unreachable_snapshot)
+        self.warmup: list[Record] = []  # wait_serving's attempts, before the load
 
     # -- where to
     def resolve(self) -> None:
@@ -269,10 +270,12 @@ class LoadGenerator:
                     time.sleep(self.pause)
 
     def wait_serving(self, timeout: float = 30.0) -> LoadGenerator:
-        """Before the load: wait (unrecorded) until a request through the routing is answered 200. A
-        revision's pods are Ready, and the ModelDeployment Healthy, a moment before kube-proxy or the
-        gateway routes to them (about a second here): a client starting at once would meet refusals
-        that say nothing about a rollout."""
+        """Before the load: wait until a request through the routing is answered 200. A revision's pods
+        are Ready, and the ModelDeployment Healthy, a moment before kube-proxy or the gateway routes to
+        them (about a second here): a client starting at once would meet refusals that say nothing about
+        a rollout. Only those are waited out -- a refused connection, or an error the gateway answers
+        itself (no revision header); an error a model server answered fails at once. Every attempt is
+        kept in :attr:`warmup` (not in the load's records)."""
         self.resolve()
         headers = dict(self.headers)
         if self.host:
@@ -282,8 +285,11 @@ class LoadGenerator:
         with httpx.Client(timeout=5, headers=headers) as client:
             while time.monotonic() < deadline:
                 last = self.send(client, "is anybody there")
+                self.warmup.append(last)
                 if last.code == 200:
                     return self
+                if last.revision is not None:
+                    raise LoadGeneratorError(f"{self.url}: revision {last.revision} answered {last.code}")
                 time.sleep(0.1)
         raise LoadGeneratorError(f"{self.url}: not serving after {timeout:.0f}s (last: {last})")
 
