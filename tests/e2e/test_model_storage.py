@@ -214,18 +214,24 @@ def test_a_fetch_failure_is_a_condition_with_its_reason_within_30s(
     md["spec"]["model"].update({"storage": st, **extra})
     kube.apply(md, ns)
 
+    first_failure: list[datetime] = []  # the fetch's first failed run, as the pod reported it
+
     def failed() -> dict[str, Any] | None:
+        for pod in kube.pods(ns, f"modeldeploy.io/name={name}"):
+            finished = _finished_at(pod)
+            if finished is not None and not first_failure:
+                first_failure.append(finished)
         c = condition(kube, ns, name, "ModelAvailable")
         return c if c is not None and c["status"] == "False" else None
 
     c = wait_for(failed, timeout=150, what=f"ModelAvailable=False for {case}")
     assert c["reason"] == reason, c
     assert "could not fetch" in c["message"]
-    (pod,) = kube.pods(ns, f"modeldeploy.io/name={name}")
-    finished = _finished_at(pod)
-    assert finished is not None, pod["status"]  # the pod says why, not only a crash loop
+    # the pod says why (not only a crash loop), and the condition follows its first failure within 30 s
+    # (polled from the start, before any restart could hide the first run's termination)
+    assert first_failure, kube.pods(ns, f"modeldeploy.io/name={name}")
     seen = datetime.fromisoformat(c["lastTransitionTime"].replace("Z", "+00:00"))
-    assert (seen - finished).total_seconds() <= 30, (finished, seen)
+    assert 0 <= (seen - first_failure[0]).total_seconds() <= 30, (first_failure, seen)
     st_md = md_status(kube, ns, name)
     assert st_md["phase"] == "Degraded"
     wait_for_event(kube, ns, name, reason)
@@ -276,7 +282,6 @@ def test_an_s3_canary_is_promoted_and_its_rollback_fetches_from_the_node_cache(
             timeout=180,
             what="v2 promoted",
         )
-        v2 = md_status(kube, ns, name)["stableRevision"]
         # the warm v1 pod goes (a node drain, a restart): its replacement must not download v1 again
         since = s3.log_offset()
         for pod in kube.pods(ns, f"modeldeploy.io/revision={v1}"):
@@ -295,5 +300,4 @@ def test_an_s3_canary_is_promoted_and_its_rollback_fetches_from_the_node_cache(
         for p in kube.cluster.state_dir.rglob(f"pods/{ns}_{name}-{v1}*/fetch-model.log")
     )
     assert "cache hit" in logs
-    assert v2 != v1
     assert set(load.by_kind()) == {"ok"}, load.by_kind()
