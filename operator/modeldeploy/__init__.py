@@ -17,7 +17,7 @@ Modules, by layer (operator -> reconciler -> plan -> canary -> builders -> api):
   off the reconcile path), :mod:`.kube` (the apiserver), :mod:`.childcache` and :mod:`.resync` (what the
   watches and LISTs saw), :mod:`.events` (Events, posted in the background), :mod:`.notify` (rollout
   webhooks, delivered in the background), :mod:`.gates` (rollout gates, asked in the background),
-  :mod:`.metrics`;
+  :mod:`.loop_thread` (the event loop those three run in), :mod:`.metrics`;
 * wiring: :mod:`.controller` (work queue, peering gate), :mod:`.operator` (kopf, ``python -m
   modeldeploy``) with :mod:`.settings` (its flags and environment), :mod:`.cli` (``kubectl-modeldeploy``) with
   :mod:`.dashboard` and :mod:`.dashboard_page` (``kubectl modeldeploy dashboard``: a local web page).

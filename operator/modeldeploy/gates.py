@@ -26,11 +26,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-import aiohttp
-
 from .api import GateName
 from .gate_stage import gate_host as _host
-from .notify import SIGNATURE_HEADER, host_allowed, namespace_key, signature
+from .loop_thread import LoopThread
+from .notify import SIGNATURE_HEADER, host_allowed, namespace_key, post, signature
 from .rollout_types import GateAnswer
 
 log = logging.getLogger(__name__)
@@ -42,10 +41,6 @@ Slot = tuple[str, str, str, str, str, float]  # (namespace, name, revision, gate
 class _Done:
     answer: GateAnswer
     finished: float  # the asker's clock
-
-
-def one_line(text: str, limit: int = 200) -> str:
-    return " ".join(text.split())[:limit]
 
 
 class GateAsker:
@@ -72,43 +67,17 @@ class GateAsker:
         self._lock = threading.Lock()
         self._done: dict[Slot, _Done] = {}
         self._running: dict[Slot, Future[None]] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._limit: asyncio.Semaphore | None = None
+        self._thread = LoopThread("modeldeploy-gates")
+        self._limit = asyncio.Semaphore(concurrency)
 
     # -------------------------------------------------------------------------------- lifecycle
     def start(self) -> GateAsker:
-        ready = threading.Event()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self._loop, self._limit = loop, asyncio.Semaphore(self.concurrency)
-            ready.set()
-            loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="modeldeploy-gates", daemon=True)
         self._thread.start()
-        ready.wait(5)
         return self
 
     def stop(self, timeout: float = 2.0) -> None:
         """Cancel every ask; returns within ``timeout`` whatever the gates do (the thread is a daemon)."""
-        loop = self._loop
-        if loop is None or not loop.is_running():
-            return
-
-        async def shutdown() -> None:
-            for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
-                task.cancel()
-
-        try:
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout)
-        except Exception as e:  # pragma: no cover - the loop goes anyway
-            log.warning("gates: shutdown: %s", e)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._thread.stop(timeout)
 
     # -------------------------------------------------------------------------------- reads (any thread)
     def ask(
@@ -135,14 +104,13 @@ class GateAsker:
     # -------------------------------------------------------------------------------- the loop
     def _submit(self, slot: Slot) -> None:
         """With the lock held: ask ``slot`` unless it is being asked."""
-        if slot in self._running or self._loop is None:
+        if slot in self._running or not self._thread.running:
             return
-        self._running[slot] = asyncio.run_coroutine_threadsafe(self._ask(slot), self._loop)
+        self._running[slot] = self._thread.submit(self._ask(slot))
 
     async def _ask(self, slot: Slot) -> None:
         namespace, name, revision, gate, url, timeout = slot
         try:
-            assert self._limit is not None
             async with self._limit:
                 answer = await self._post(namespace, name, revision, gate, url, timeout)
         finally:
@@ -166,15 +134,8 @@ class GateAsker:
         headers = {"Content-Type": "application/json", "User-Agent": "modeldeploy-operator"}
         if self.signing_key is not None:
             headers[SIGNATURE_HEADER] = signature(namespace_key(self.signing_key, namespace), data)
-        try:
-            async with asyncio.timeout(timeout), aiohttp.ClientSession() as session:
-                resp = await session.post(url, data=data, headers=headers, allow_redirects=False)
-                resp.close()
-        except TimeoutError:
-            return GateAnswer(False, f"no answer within {timeout:g}s")
-        except (aiohttp.ClientError, OSError, ValueError) as e:
-            return GateAnswer(False, one_line(f"{type(e).__name__}: {e}"))
-        return GateAnswer(resp.status == 200, f"HTTP {resp.status}")
+        status, why = await post(url, data, headers, timeout)
+        return GateAnswer(status == 200, why)
 
     def _forget_old(self) -> None:
         """With the lock held: drop answers nobody asked for within ``max_age`` (bounded memory)."""

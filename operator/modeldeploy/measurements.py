@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from . import metrics
 from .analysis import Query, Sample
+from .loop_thread import LoopThread
 from .promclient import PromClient, PromConfig, QueryError, redact
 
 log = logging.getLogger(__name__)
@@ -69,43 +70,20 @@ class MeasurementRunner:
         self._running: dict[JobKey, Future[None]] = {}
         self._clients: dict[tuple[str, float], PromClient] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._thread = LoopThread("modeldeploy-measurements")
 
     # -------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        ready = threading.Event()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self._loop = loop
-            ready.set()
-            loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="modeldeploy-measurements", daemon=True)
         self._thread.start()
-        ready.wait(5)
 
     def stop(self, timeout: float = 2.0) -> None:
         """Cancel every measurement and close the clients; returns within ``timeout`` whatever
         Prometheus does (the thread is a daemon)."""
-        loop = self._loop
-        if loop is None or not loop.is_running():
-            return
 
-        async def shutdown() -> None:
-            for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
-                task.cancel()
+        async def close_clients() -> None:
             await asyncio.gather(*(c.close() for c in self._clients.values()), return_exceptions=True)
 
-        try:
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout)
-        except Exception as e:  # a client that would not close in time: the loop goes anyway
-            log.warning("measurements: shutdown: %s", e)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._thread.stop(timeout, before=close_clients)
 
     # -------------------------------------------------------------------------------- reads (any thread)
     def request(self, key: Key, url: str, timeout: float, queries: Sequence[Query]) -> list[Sample] | None:
@@ -139,10 +117,9 @@ class MeasurementRunner:
     # -------------------------------------------------------------------------------- the loop
     def _submit(self, key: Key, job: JobKey, slot: Slot | None = None) -> None:
         """With the lock held: start ``job`` unless it runs."""
-        if job in self._running or self._loop is None:
+        if job in self._running or not self._thread.running:
             return
-        fut = asyncio.run_coroutine_threadsafe(self._measure(key, job, slot), self._loop)
-        self._running[job] = fut
+        self._running[job] = self._thread.submit(self._measure(key, job, slot))
 
     async def _measure(self, key: Key, job: JobKey, slot: Slot | None) -> None:
         url, timeout, queries = job

@@ -42,6 +42,7 @@ import aiohttp
 from . import metrics
 from .api import WebhookSpec, parse_duration
 from .api_rollout import NotificationType
+from .loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,20 @@ def host_allowed(url: str, patterns: Sequence[str]) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(host, p.lower()) for p in patterns)
 
 
+async def post(url: str, data: bytes, headers: dict[str, str], timeout: float) -> tuple[int | None, str]:
+    """One POST under one total deadline (connect to the status line), no redirects, the body not read:
+    (the status, or None when there was none, and a one-line reason)."""
+    try:
+        async with asyncio.timeout(timeout), aiohttp.ClientSession() as session:
+            resp = await session.post(url, data=data, headers=headers, allow_redirects=False)
+            resp.close()
+    except TimeoutError:
+        return None, f"no answer within {timeout:g}s"
+    except (aiohttp.ClientError, OSError, ValueError) as e:
+        return None, " ".join(f"{type(e).__name__}: {e}".split())[:200]
+    return resp.status, f"HTTP {resp.status}"
+
+
 def own_webhooks(raw: dict[str, Any]) -> list[Webhook]:
     """A ModelDeployment's ``spec.rollout.notifications`` (as admitted; one that does not parse: none)."""
     out = []
@@ -195,41 +210,15 @@ class Notifier:
         self.queue_size, self.concurrency = queue_size, concurrency
         self._pending = 0
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._limit: asyncio.Semaphore | None = None
+        self._thread = LoopThread("modeldeploy-notifications")
+        self._limit = asyncio.Semaphore(concurrency)
 
     def start(self) -> Notifier:
-        ready = threading.Event()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self._loop, self._limit = loop, asyncio.Semaphore(self.concurrency)
-            ready.set()
-            loop.run_forever()
-
-        self._thread = threading.Thread(target=run, name="modeldeploy-notifications", daemon=True)
         self._thread.start()
-        ready.wait(5)
         return self
 
     def stop(self, timeout: float = 2.0) -> None:
-        loop = self._loop
-        if loop is None or not loop.is_running():
-            return
-
-        async def shutdown() -> None:
-            for task in [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
-                task.cancel()
-
-        try:
-            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout)
-        except Exception as e:  # pragma: no cover - the loop goes anyway
-            log.warning("notifications: shutdown: %s", e)
-        loop.call_soon_threadsafe(loop.stop)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._thread.stop(timeout)
 
     def pending(self) -> int:
         with self._lock:
@@ -245,15 +234,14 @@ class Notifier:
                 log.warning("notifications: %s is not an allowed host; not sent", _host(hook.url))
                 continue
             with self._lock:
-                full = self._pending >= self.queue_size or self._loop is None
+                full = self._pending >= self.queue_size or not self._thread.running
                 if not full:
                     self._pending += 1
             if full:
                 metrics.NOTIFICATIONS.labels(result="dropped").inc()
                 log.warning("notifications: queue full, dropped %s for %s/%s", n.type, n.namespace, n.name)
                 continue
-            assert self._loop is not None
-            asyncio.run_coroutine_threadsafe(self._deliver(n, hook), self._loop)
+            self._thread.submit(self._deliver(n, hook))
 
     async def _deliver(self, n: Notification, hook: Webhook) -> None:
         data, content_type = body(n, hook.format)
@@ -261,7 +249,6 @@ class Notifier:
         if self.signing_key is not None:
             headers[SIGNATURE_HEADER] = signature(namespace_key(self.signing_key, n.namespace), data)
         try:
-            assert self._limit is not None
             async with self._limit:
                 result = await self._tries(hook, data, headers)
         finally:
@@ -275,17 +262,9 @@ class Notifier:
             if attempt:
                 await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
             started = time.monotonic()
-            try:
-                async with asyncio.timeout(hook.timeout), aiohttp.ClientSession() as session:
-                    resp = await session.post(hook.url, data=data, headers=headers, allow_redirects=False)
-                    resp.close()
-                    if 200 <= resp.status < 300:
-                        return "delivered"
-                    why = f"HTTP {resp.status}"
-            except TimeoutError:
-                why = f"no answer within {hook.timeout:g}s"
-            except (aiohttp.ClientError, OSError, ValueError) as e:
-                why = f"{type(e).__name__}: {e}"
+            status, why = await post(hook.url, data, headers, hook.timeout)
+            if status is not None and 200 <= status < 300:
+                return "delivered"
             metrics.NOTIFICATION_ATTEMPTS.labels(result="failed").inc()
             log.info(
                 "notification to %s failed (%s, %.1fs)", _host(hook.url), why, time.monotonic() - started

@@ -12,14 +12,12 @@ servers, the real Prometheus, and gates served by this process on 127.0.0.1 that
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from localcluster.receiver import receivers
 from localcluster.testing import Kube, wait_for
 
 from .canary_support import LoadGenerator, events, md_status, noop_md, wait_for_event
@@ -30,51 +28,10 @@ GOOD = "noop://?delay_ms=2"
 HELD_S = 12.0
 
 
-class Gate(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, status: int = 403, hang: bool = False) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.status, self.hang = status, hang
-        self.got: list[dict[str, Any]] = []
-        self.release = threading.Event()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/confirm"
-
-
-class Handler(BaseHTTPRequestHandler):
-    server: Gate
-
-    def do_POST(self) -> None:
-        data = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.got.append(json.loads(data))
-        if self.server.hang:
-            self.server.release.wait(60)
-            return
-        self.send_response(self.server.status)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def gates() -> Iterator[Any]:
-    started: list[Gate] = []
-
-    def start(status: int = 403, hang: bool = False) -> Gate:
-        g = Gate(status, hang)
-        threading.Thread(target=g.serve_forever, daemon=True).start()
-        started.append(g)
-        return g
-
-    yield start
-    for g in started:
-        g.release.set()
-        g.shutdown()
+    with receivers() as start:
+        yield lambda status=403, hang=False: start(status, hang, "/confirm")
 
 
 def healthy_v1(kube: Kube, ns: str, name: str, **rollout: Any) -> str:
@@ -107,7 +64,7 @@ def test_before_first_step_holds_all_traffic_on_the_stable_until_the_gate_opens(
     ns, name, gate = namespace, "gated", gates(403)
     gated = {"beforeFirstStep": {"url": gate.url, "timeout": "2s"}}
     v1 = healthy_v1(kube, ns, name, gates=gated)
-    assert gate.got == []  # the first revision has no canary to gate
+    assert gate.documents() == []  # the first revision has no canary to gate
     load = LoadGenerator(kube, ns, name).wait_serving().start()
     try:
         kube.apply(noop_md(name, "2", GOOD + "&rev=2", gates=gated), ns)
@@ -138,7 +95,7 @@ def test_before_first_step_holds_all_traffic_on_the_stable_until_the_gate_opens(
         assert waiting_at(kube, ns, name, "beforeFirstStep", "HTTP 403") is not None
         held = load.snapshot(since)
         assert held and {r.revision for r in held} == {v1} and {r.code for r in held} == {200}
-        asks = [g for g in gate.got if g["revision"] == v2]
+        asks = [g for g in gate.documents() if g["revision"] == v2]
         assert len(asks) >= 3 and asks[0] == {
             "namespace": ns,
             "name": name,
@@ -177,7 +134,7 @@ def test_before_promotion_holds_the_last_step_until_the_gate_opens(
         st = md_status(kube, ns, name)
         assert st["stableRevision"] == v1 and st["canaryRevision"] and st["phase"] == "Progressing", st
         assert waiting_at(kube, ns, name, "beforePromotion", "HTTP 403") is not None
-        assert not any(g["gate"] == "beforeFirstStep" for g in gate.got)
+        assert not any(g["gate"] == "beforeFirstStep" for g in gate.documents())
         gate.status = 200
         opened = time.monotonic()
         wait_for(lambda: promoted(kube, ns, name, v1), timeout=30, interval=0.2, what="v2 promoted")

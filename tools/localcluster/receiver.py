@@ -4,11 +4,13 @@ in the worst way does. The operator's notifications and gates are tested against
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 class Receiver(ThreadingHTTPServer):
@@ -27,6 +29,10 @@ class Receiver(ThreadingHTTPServer):
     def bodies(self) -> list[bytes]:
         return [body for _, _, body in self.got]
 
+    def documents(self) -> list[Any]:
+        """The bodies, as JSON."""
+        return [json.loads(body) for body in self.bodies()]
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: Receiver
@@ -38,6 +44,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.release.wait(60)
             return
         self.send_response(self.server.status)
+        if 300 <= self.server.status < 400:
+            self.send_header("Location", "/elsewhere")  # a redirect the client must not follow
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -50,8 +58,8 @@ def receivers() -> Iterator[type[Receiver]]:
     """Start receivers with ``start(status=..., hang=...)``; all are stopped (hung ones released) after."""
     started: list[Receiver] = []
 
-    def start(status: int = 200, hang: bool = False) -> Receiver:
-        r = Receiver(status, hang)
+    def start(status: int = 200, hang: bool = False, path: str = "/hooks/rollouts") -> Receiver:
+        r = Receiver(status, hang, path)
         threading.Thread(target=r.serve_forever, daemon=True).start()
         started.append(r)
         return r

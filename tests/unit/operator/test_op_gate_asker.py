@@ -5,12 +5,12 @@ changed asks for a reconcile of its owner."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
+from localcluster.receiver import Receiver, receivers
 from modeldeploy.gates import GateAsker
 from modeldeploy.notify import SIGNATURE_HEADER, namespace_key, signature
 from modeldeploy.rollout_types import GateAnswer
@@ -18,55 +18,10 @@ from modeldeploy.rollout_types import GateAnswer
 KEY = b"operator-signing-key"
 
 
-class Gate(ThreadingHTTPServer):
-    """Records each POST (headers, body); answers ``status``, or holds the connection while ``hang``."""
-
-    daemon_threads = True
-
-    def __init__(self, status: int = 200, hang: bool = False) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.status, self.hang = status, hang
-        self.got: list[tuple[dict[str, str], bytes]] = []
-        self.release = threading.Event()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/confirm/secret-path"
-
-
-class Handler(BaseHTTPRequestHandler):
-    server: Gate
-
-    def do_POST(self) -> None:
-        data = self.rfile.read(int(self.headers["Content-Length"]))
-        self.server.got.append(({k.lower(): v for k, v in self.headers.items()}, data))
-        if self.server.hang:
-            self.server.release.wait(20)
-            return
-        self.send_response(self.server.status)
-        if self.server.status in (301, 302):
-            self.send_header("Location", "/elsewhere")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def serve() -> Iterator:
-    started: list[Gate] = []
-
-    def start(status: int = 200, hang: bool = False) -> Gate:
-        g = Gate(status, hang)
-        threading.Thread(target=g.serve_forever, daemon=True).start()
-        started.append(g)
-        return g
-
-    yield start
-    for g in started:
-        g.release.set()
-        g.shutdown()
+def serve() -> Iterator[Any]:
+    with receivers() as start:
+        yield lambda status=200, hang=False: start(status, hang, "/confirm/secret-path")
 
 
 @pytest.fixture
@@ -92,7 +47,7 @@ def test_200_opens_and_the_request_says_which_gate_of_which_rollout(serve, asker
     a, done = asker
     g = serve(200)
     assert answer(a, g.url) == GateAnswer(True, "HTTP 200")
-    headers, body = g.got[0]
+    _, headers, body = g.got[0]
     assert json.loads(body) == {
         "namespace": "team-a",
         "name": "echo",
@@ -110,7 +65,9 @@ def test_anything_but_200_stays_closed_with_the_status(serve, asker, status):
     g = serve(status)
     assert answer(a, g.url) == GateAnswer(False, f"HTTP {status}")
     time.sleep(0.3)
-    assert len(g.got) >= 1 and all(h.get("host", "").startswith("127.0.0.1") for h, _ in g.got)  # no redirect
+    assert len(g.got) >= 1 and all(
+        h.get("host", "").startswith("127.0.0.1") for _, h, _ in g.got
+    )  # no redirect
 
 
 def test_a_closed_gate_is_asked_again_and_opening_it_asks_for_a_reconcile(serve, asker):
@@ -144,7 +101,7 @@ def test_a_hanging_gate_never_blocks_the_caller_and_stays_closed(serve, asker):
 
 def test_a_refused_connection_is_closed_with_a_one_line_reason(asker):
     a, _ = asker
-    s = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    s = Receiver()
     port = s.server_address[1]
     s.server_close()  # nothing listens there now
     got = answer(a, f"http://127.0.0.1:{port}/x")
