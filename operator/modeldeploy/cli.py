@@ -74,6 +74,8 @@ def render_status(md: dict[str, Any], now: datetime | None = None) -> str:
     ]
     if st.get("shadow"):
         lines.append(_shadow_line(spec, st["shadow"], now))
+    if st.get("gate"):
+        lines.append(_gate_line(st["gate"], now))
     pending = (meta.get("annotations") or {}).get(COMMAND_ANNOTATION)
     if pending:
         lines.append(f"  pending command: {pending}")
@@ -217,6 +219,14 @@ def _shadow_line(spec: dict[str, Any], sh: dict[str, Any], now: datetime) -> str
         f"minSamples {shadow_spec.get('minSamples', 200)}); started {_age(sh['startedAt'], now)} ago "
         f"of {shadow_spec.get('duration', '?')}"
     )
+
+
+def _gate_line(g: dict[str, Any], now: datetime) -> str:
+    what = f"gate {g.get('gate')} ({g.get('host')}) of revision {g.get('revision')}"
+    if g.get("openedAt"):
+        return f"  {what}: open since {_age(g['openedAt'], now)}"
+    since = _age(g.get("waitingSince"), now)
+    return f"  {what}: waiting for 200 since {since}; last answer: {g.get('message')}"
 
 
 def _step(spec: dict[str, Any], st: dict[str, Any]) -> str:

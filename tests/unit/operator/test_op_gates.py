@@ -209,3 +209,30 @@ def test_without_an_asker_a_gate_is_never_open():
     w.reconcile()
     w.run_for(20)
     assert w.in_traffic(new) == 0 and "no gate asker" in w.status["gate"]["message"]
+
+
+def test_kubectl_modeldeploy_status_says_which_gate_is_waited_for():
+    from datetime import UTC, datetime
+
+    from modeldeploy import cli
+
+    now = datetime(2026, 12, 4, 12, 0, 30, tzinfo=UTC)
+    md = {
+        "metadata": {"name": "m", "namespace": "ns", "generation": 2},
+        "spec": {"model": {"name": "echo", "version": "2"}},
+        "status": {
+            "observedGeneration": 2,
+            "gate": {
+                "gate": "beforePromotion",
+                "revision": "5d7f",
+                "host": "https://confirm.example",
+                "waitingSince": "2026-12-04T12:00:00Z",
+                "message": "HTTP 403",
+            },
+        },
+    }
+    text = cli.render_status(md, now=now)
+    assert "gate beforePromotion (https://confirm.example) of revision 5d7f: waiting for 200" in text
+    assert "since 30s; last answer: HTTP 403" in text
+    md["status"]["gate"]["openedAt"] = "2026-12-04T12:00:20Z"
+    assert "5d7f: open since 10s" in cli.render_status(md, now=now)
