@@ -26,8 +26,9 @@ from tests.e2e.canary_support import (
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """Answers like a model server of revision ``r1`` (or ``r2`` for every third request), or, for a
-    text with ``GATEWAY``, like a gateway with no backend: 503 without the revision header."""
+    """Answers like a model server of revision ``r1`` (or ``r2`` for every third request), or, with
+    ``x-test: GATEWAY``, like a gateway with no backend: 503 without the revision header; a POISON text
+    or ``x-test: BROKEN`` is r1's 500."""
 
     hosts: ClassVar[list[str]] = []
     n: ClassVar[int] = 0
@@ -42,7 +43,7 @@ class _Handler(BaseHTTPRequestHandler):
             n = type(self).n
         if "GATEWAY" in self.headers.get("x-test", ""):
             self._answer(503, b"no available server", None)
-        elif "POISON" in text:
+        elif "POISON" in text or "BROKEN" in self.headers.get("x-test", ""):
             self._answer(500, b'{"error": "boom"}', "r1")
         else:
             rev = "r2" if n % 3 == 0 else "r1"
@@ -174,3 +175,17 @@ def test_wait_serving_waits_for_an_answer_and_records_nothing(server: str) -> No
     with pytest.raises(LoadGeneratorError, match="not serving"):
         _gen(f"http://127.0.0.1:{port}", 5).wait_serving(timeout=1)
     assert time.monotonic() - started < 5
+
+
+def test_wait_serving_waits_out_a_gateway_error_but_not_an_error_a_model_server_answered(server: str) -> None:
+    # the gateway's own 503 (no revision header) is a route not there yet: waited out, kept in warmup
+    gateway = _gen(server, 5, headers={"x-test": "GATEWAY"})
+    with pytest.raises(LoadGeneratorError, match="not serving"):
+        gateway.wait_serving(timeout=1)
+    assert gateway.warmup and all(r.code == 503 and r.revision is None for r in gateway.warmup)
+    # a model server answering an error is a failure at once, not something to retry for 30 s
+    broken = _gen(server, 5, headers={"x-test": "BROKEN"})
+    started = time.monotonic()
+    with pytest.raises(LoadGeneratorError, match="revision r1 answered 500"):
+        broken.wait_serving(timeout=20)
+    assert time.monotonic() - started < 2 and len(broken.warmup) == 1
