@@ -257,7 +257,9 @@ class ShadowMirror:
             try:
                 text = path.read_text()
             except FileNotFoundError:
-                text = ""
+                # never there: no shadow; there before: the kubelet's atomic swap (a reader can resolve
+                # the old ..data directory just as it is removed) -- the last text stands
+                text = last if last is not None else ""
             except OSError as e:
                 log.warning("cannot read the shadow file %s: %s", path, e)
                 text = last or ""

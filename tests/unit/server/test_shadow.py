@@ -196,6 +196,29 @@ async def test_the_target_file_is_followed_live(tmp_path: Path):
     await shadow_svc.drain()
 
 
+async def test_a_target_file_missing_for_a_moment_keeps_the_copies_going(tmp_path: Path):
+    """The kubelet swaps a downward-API volume atomically, but a reader can meet ENOENT in the swap (the
+    old ..data directory removed under it): that is no reason to stop copying."""
+    shadow_app, shadow_svc = await server("2")
+    _, stable_svc = await server("1")
+    mirror = ShadowMirror("m", stable_svc.metrics, post=Recording(shadow_app), service=SERVICE)
+    f = tmp_path / "shadow"
+    f.write_text(json.dumps({"revision": "r9", "sampleRate": 0.5}))
+    watch = asyncio.get_running_loop().create_task(mirror.watch(f, period=0.02))
+    await asyncio.sleep(0.1)
+    assert mirror.config is not None and mirror.config.revision == "r9"
+    f.unlink()
+    await asyncio.sleep(0.1)
+    assert mirror.config is not None and mirror.config.revision == "r9"
+    f.write_text("")  # the annotation removed: the file is there, empty
+    await asyncio.sleep(0.1)
+    assert mirror.config is None
+    watch.cancel()
+    await mirror.close()
+    await stable_svc.drain()
+    await shadow_svc.drain()
+
+
 @pytest.mark.parametrize(
     ("text", "error", "reason"),
     [
