@@ -61,13 +61,18 @@ def judged(st: dict[str, Any], revision: str) -> list[dict[str, Any]]:
     ]
 
 
+def stable_under_load(kube: Kube, ns: str) -> tuple[str, LoadGenerator]:
+    """v1 (20 ms per batch) stable, and two clients sending to the model Service."""
+    deploy(kube, ns, "1", STABLE)
+    v1 = stable_on(kube, ns, "1", name=NAME, timeout=150)
+    return v1, LoadGenerator(kube, ns, NAME, workers=2, pause=0.03).wait_serving().start()
+
+
 def test_a_revision_30_percent_slower_under_the_fixed_p99_limit_is_rolled_back_by_the_judge(
     kube: Kube, operator: Any, namespace: str
 ) -> None:
     ns = namespace
-    deploy(kube, ns, "1", STABLE)
-    v1 = stable_on(kube, ns, "1", name=NAME, timeout=150)
-    load = LoadGenerator(kube, ns, NAME, workers=2, pause=0.03).wait_serving().start()
+    v1, load = stable_under_load(kube, ns)
     try:
         start = time.monotonic()
         deploy(kube, ns, "2", SLOWER)
@@ -106,9 +111,7 @@ def test_a_revision_identical_to_the_stable_passes_the_judge_and_is_promoted(
     kube: Kube, operator: Any, namespace: str
 ) -> None:
     ns = namespace
-    deploy(kube, ns, "1", STABLE)
-    v1 = stable_on(kube, ns, "1", name=NAME, timeout=150)
-    load = LoadGenerator(kube, ns, NAME, workers=2, pause=0.03).wait_serving().start()
+    v1, load = stable_under_load(kube, ns)
     try:
         start = time.monotonic()
         deploy(kube, ns, "2", STABLE + "&rev=2")
