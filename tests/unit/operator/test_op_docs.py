@@ -73,3 +73,16 @@ def test_the_package_docstring_names_every_module() -> None:
     named = set(re.findall(r":mod:`\.([a-z_]+)`", modeldeploy.__doc__ or ""))
     assert modules - named == set(), "modules missing from modeldeploy's package docstring"
     assert named - modules == set()
+
+
+def test_the_readme_example_is_a_modeldeployment_the_models_accept():
+    import yaml
+    from modeldeploy.api import ModelDeployment
+
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("```yaml") + len("```yaml") : text.index("```", text.index("```yaml") + 7)]
+    doc = yaml.safe_load(block)
+    doc.setdefault("metadata", {}).setdefault("namespace", "default")
+    md = ModelDeployment.model_validate(doc)
+    ro = md.spec.rollout
+    assert ro.analysis.judge is not None and ro.gates is not None and ro.notifications
