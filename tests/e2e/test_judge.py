@@ -12,9 +12,14 @@ rollback only the stable answers), and where the rollout ended.
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
+import httpx
 from localcluster.testing import Kube, wait_for
 
 from .canary_support import LoadGenerator, events, md_status, next_revision, noop_md, stable_on
@@ -61,6 +66,28 @@ def judged(st: dict[str, Any], revision: str) -> list[dict[str, Any]]:
     ]
 
 
+def record_samples(kube: Kube, m: dict[str, Any], stable: str, case: str) -> None:
+    """With $JUDGE_SAMPLES_RECORD=<file>: the window's samples of both revisions as Prometheus answers
+    them, for tests/unit/operator/test_op_judge.py's recorded cases."""
+    path = os.environ.get("JUDGE_SAMPLES_RECORD")
+    if not path:
+        return
+    end = datetime.fromisoformat(m["time"].replace("Z", "+00:00")).timestamp()
+
+    def series(promql: str) -> list[float]:
+        params = {"query": promql, "start": end - 22, "end": end, "step": 2}
+        r = httpx.get(f"{kube.cluster.prometheus_url}/api/v1/query_range", params=params, timeout=10)
+        result = r.json()["data"]["result"]
+        return [float(v) for _, v in result[0]["values"]] if result else []
+
+    baseline = m["query"].replace(
+        f'modeldeploy_io_revision="{m["revision"]}"', f'modeldeploy_io_revision="{stable}"'
+    )
+    recorded = json.loads(Path(path).read_text()) if Path(path).exists() else {}
+    recorded[case] = {"canary": series(m["query"]), "stable": series(baseline), "operator": m["judge"]}
+    Path(path).write_text(json.dumps(recorded, indent=1) + "\n")
+
+
 def stable_under_load(kube: Kube, ns: str) -> tuple[str, LoadGenerator]:
     """v1 (20 ms per batch) stable, and two clients sending to the model Service."""
     deploy(kube, ns, "1", STABLE)
@@ -85,6 +112,7 @@ def test_a_revision_30_percent_slower_under_the_fixed_p99_limit_is_rolled_back_b
     h = next(x for x in reversed(st["history"]) if x["revision"] == v2)
     m = h["measurement"]
     print("decided by:", m)
+    record_samples(kube, m, v1, "slower_30pct")
     assert m["metric"] == "judge-latency-ms" and m["verdict"] == "Fail", h
     assert m["value"] > JUDGE["maxIncrease"] and m["judge"]["pValue"] < 1 - JUDGE["confidence"]
     assert m["judge"]["canarySamples"] >= 8 and m["judge"]["stableSamples"] >= 8
@@ -121,6 +149,8 @@ def test_a_revision_identical_to_the_stable_passes_the_judge_and_is_promoted(
         load.stop()
     windows = judged(st, v2)
     print("judged windows:", windows)
+    if windows:
+        record_samples(kube, windows[-1], v1, "identical")
     assert windows and all(w["verdict"] == "Pass" for w in windows), windows
     assert all(w["judge"]["canarySamples"] >= 8 and w["judge"]["stableSamples"] >= 8 for w in windows)
     assert st["stableRevision"] == v2 and st["previousRevision"] == v1

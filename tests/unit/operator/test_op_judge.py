@@ -6,8 +6,10 @@ test_op_measurements)."""
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from modeldeploy import cli
@@ -277,3 +279,18 @@ def test_each_measurement_names_the_step_it_decided_and_the_plugin_shows_it():
         line for line in text.splitlines() if line.strip().startswith("step 2/3 at 50%") and "Fail" in line
     ]
     assert failed and ERROR_RATE in failed[0]
+
+
+# -- samples recorded on the local cluster --------------------------------------------------------------
+
+#: written by tests/e2e/test_judge.py with $JUDGE_SAMPLES_RECORD: each window's 2 s samples of both
+#: revisions as the local cluster's Prometheus answered them (noop revisions, 20 ms vs 26 ms per batch)
+RECORDED = json.loads((Path(__file__).parent / "judge_samples_recorded.json").read_text())
+
+
+@pytest.mark.parametrize(("case", "verdict"), [("slower_30pct", "Fail"), ("identical", "Pass")])
+def test_recorded_windows_get_the_verdict_the_operator_gave_them(case: str, verdict: str):
+    rec = RECORDED[case]  # recorded 2026-12-04 on the local cluster (e2e test_judge.py)
+    c = cmp(rec["canary"], rec["stable"])
+    assert rec["operator"]["reason"] and c.verdict == verdict, (c, rec["operator"])
+    assert min(len(rec["canary"]), len(rec["stable"])) >= 8
