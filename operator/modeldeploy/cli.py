@@ -115,7 +115,21 @@ def render_status(md: dict[str, Any], now: datetime | None = None) -> str:
         ],
     )
     measurements = (st.get("analysis") or {}).get("measurements") or []
+    lines += measurement_table(measurements, now)
+    lines += judge_chart(measurements, now)
     lines += _section(
+        ("REVISION", "OUTCOME", "AGE", "REASON"),
+        [
+            (h.get("revision"), h.get("outcome"), _age(h.get("time"), now), h.get("reason"))
+            for h in st.get("history") or []
+        ],
+    )
+    return "\n".join(lines) + "\n"
+
+
+def measurement_table(measurements: list[dict[str, Any]], now: datetime) -> list[str]:
+    """Each measurement with the window it was taken for, its value, threshold and verdict (pure)."""
+    return _section(
         ("WINDOW", "METRIC", "REVISION", "VALUE", "THRESHOLD", "VERDICT", "AGE"),
         [
             (
@@ -130,15 +144,6 @@ def render_status(md: dict[str, Any], now: datetime | None = None) -> str:
             for m in measurements
         ],
     )
-    lines += judge_chart(measurements, now)
-    lines += _section(
-        ("REVISION", "OUTCOME", "AGE", "REASON"),
-        [
-            (h.get("revision"), h.get("outcome"), _age(h.get("time"), now), h.get("reason"))
-            for h in st.get("history") or []
-        ],
-    )
-    return "\n".join(lines) + "\n"
 
 
 BAR = 24  # characters of the longest bar in a judge chart

@@ -29,6 +29,7 @@ import socket
 import sys
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -264,6 +265,35 @@ def notifications(args: Settings) -> tuple[Notifier, list[Webhook]]:
     return Notifier(key, allowed_hosts=args.notification_allowed_hosts), hooks
 
 
+@dataclass
+class OffReconcile:
+    """The network I/O a reconcile never waits on, each in a thread of its own: Prometheus measurements,
+    notifications and gates (a finished measurement or a changed gate answer asks for a reconcile)."""
+
+    measurements: MeasurementRunner
+    notifier: Notifier
+    webhooks: list[Webhook]
+    gates: GateAsker
+
+    def start(self) -> None:
+        self.measurements.start()
+        self.notifier.start()
+        self.gates.start()
+
+    def stop(self) -> None:
+        self.measurements.stop()
+        self.notifier.stop()
+        self.gates.stop()
+
+
+def off_reconcile(args: Settings, wake: Callable[[str, str], object]) -> OffReconcile:
+    """Build them; ``wake(namespace, name)`` asks for a reconcile (thread-safe)."""
+    notifier, webhooks = notifications(args)
+    # gates use the notifications' host allow-list and signing key
+    gates = GateAsker(on_done=wake, allowed_hosts=notifier.allowed_hosts, signing_key=notifier.signing_key)
+    return OffReconcile(MeasurementRunner(prometheus_config(args), on_done=wake), notifier, webhooks, gates)
+
+
 def log_start(ident: str, args: Settings, liveness: str | None) -> None:
     log.info(
         "starting: identity=%s priority=%d namespaces=%s liveness=%s metrics=%s:%s",
@@ -307,29 +337,17 @@ async def run(args: Settings) -> None:
         for key in keys:
             controller.enqueue(key)
 
-    # measurements run in a thread of their own; a finished one asks for a reconcile of its owner
-    runner = MeasurementRunner(
-        prometheus_config(args),
-        on_done=lambda ns, name: loop.call_soon_threadsafe(enqueue_all, {(ns, name)}),
-    )
-    notifier, webhooks = notifications(args)
-    # gates are asked in a thread of their own (the notifications' host allow-list and signing key); an
-    # answer that changed asks for a reconcile of its owner
-    gates = GateAsker(
-        on_done=lambda ns, name: loop.call_soon_threadsafe(enqueue_all, {(ns, name)}),
-        allowed_hosts=notifier.allowed_hosts,
-        signing_key=notifier.signing_key,
-    )
+    io = off_reconcile(args, lambda ns, name: loop.call_soon_threadsafe(enqueue_all, {(ns, name)}))
     reconciler = Reconciler(
         kube,
         instance=ident,
         prometheus_url=args.prometheus_url,
         cache=cache,
         events=events,
-        measurements=runner,
-        notifier=notifier,
-        webhooks=webhooks,
-        gates=gates,
+        measurements=io.measurements,
+        notifier=io.notifier,
+        webhooks=io.webhooks,
+        gates=io.gates,
     )
     gate = peering_gate(kube, ident, args)
     controller = Controller(reconciler.reconcile, workers=args.workers, gate=gate)
@@ -353,9 +371,7 @@ async def run(args: Settings) -> None:
     liveness = f"http://{args.bind_host}:{args.health_port}/healthz" if args.health_port else None
     log_start(ident, args, liveness)
     controller.start()
-    runner.start()
-    notifier.start()
-    gates.start()
+    io.start()
     resyncer.start()
     try:
         await kopf.operator(
@@ -371,9 +387,7 @@ async def run(args: Settings) -> None:
         )
     finally:
         resyncer.stop()
-        runner.stop()
-        notifier.stop()
-        gates.stop()
+        io.stop()
         await controller.stop()
         await asyncio.to_thread(events.close)
 

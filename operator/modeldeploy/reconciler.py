@@ -336,14 +336,7 @@ class Reconciler:
             result.writes += 1
         for ev in p.events:
             self.event(raw, ev)
-        for r in p.results:
-            metrics.ROLLOUTS.labels(result=r).inc()
-        weight = p.status.achieved_canary_weight if p.status.canary_revision else None
-        metrics.CANARY_WEIGHT.labels(namespace=ns, name=name).set(weight or 0)
-        fb = p.status.fallback
-        metrics.FALLBACK_ACTIVE.labels(namespace=ns, name=name).set(
-            int(fb is not None and fb.state != "Idle")
-        )
+        _record_metrics(ns, name, p)
         return result
 
     # -------------------------------------------------------------------------------- writes
@@ -603,3 +596,13 @@ class AutoscalerUnavailable(RuntimeError):
 def _fields(errors: Sequence[Any], limit: int = 5) -> str:
     """``spec.rollout.steps: ...; status.step: ...``: the fields a ValidationError names, with why."""
     return "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in errors[:limit])
+
+
+def _record_metrics(ns: str, name: str, p: Plan) -> None:
+    """The operator metrics one reconcile's plan sets: rollout results, canary weight, fallback."""
+    for r in p.results:
+        metrics.ROLLOUTS.labels(result=r).inc()
+    weight = p.status.achieved_canary_weight if p.status.canary_revision else None
+    metrics.CANARY_WEIGHT.labels(namespace=ns, name=name).set(weight or 0)
+    fb = p.status.fallback
+    metrics.FALLBACK_ACTIVE.labels(namespace=ns, name=name).set(int(fb is not None and fb.state != "Idle"))
