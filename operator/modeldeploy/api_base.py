@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -87,6 +88,13 @@ _DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h)")
 
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def url_origin(url: str) -> str:
+    """A URL's scheme, host and port: what logs, status and events show of a webhook or gate URL (its
+    path and query are often its secret, and credentials are never shown)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
 def parse_duration(value: str) -> float:

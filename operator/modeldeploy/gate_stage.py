@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
-from urllib.parse import urlsplit
 
 from .api import GateName, GateSpec, GateStatus, parse_duration
+from .api_base import url_origin
 from .rollout_context import ReconcileContext
 from .rollout_types import CanaryDecision, CanaryStep, Event, GateAnswer, Promote
 
@@ -35,12 +35,6 @@ WHEN: dict[GateName, str] = {
     "beforeFirstStep": "before the first step",
     "beforePromotion": "before promotion",
 }
-
-
-def gate_host(url: str) -> str:
-    """The URL's scheme, host and port (status and events never show a gate URL's path or query)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
 def gate_spec(ctx: ReconcileContext, gate: GateName) -> GateSpec | None:
@@ -77,7 +71,7 @@ def ask(ctx: ReconcileContext, cs: CanaryStep, gate: GateName, spec: GateSpec) -
         answer = ctx.gates.ask(
             ctx.md.namespace, ctx.md.name, current, gate, spec.url, parse_duration(spec.timeout)
         )
-    host = gate_host(spec.url)
+    host = url_origin(spec.url)
     before = waiting(cs, gate)
     if before is not None and before.revision != current:
         before = None

@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from .api import GateName
-from .gate_stage import gate_host as _host
+from .api_base import url_origin
 from .loop_thread import LoopThread
 from .notify import SIGNATURE_HEADER, host_allowed, namespace_key, post, signature
 from .rollout_types import GateAnswer
@@ -86,7 +86,7 @@ class GateAsker:
         """The newest answer (None before the first, or when older than ``max_age``); asked again in the
         background when older than ``refresh``. Never waits."""
         if not host_allowed(url, self.allowed_hosts):
-            return GateAnswer(False, f"host {_host(url)} is not allowed (--notification-allowed-hosts)")
+            return GateAnswer(False, f"host {url_origin(url)} is not allowed (--notification-allowed-hosts)")
         slot: Slot = (namespace, name, revision, gate, url, timeout)
         with self._lock:
             done = self._done.get(slot)
@@ -120,7 +120,7 @@ class GateAsker:
             before = self._done.get(slot)
             self._done[slot] = _Done(answer, self._clock())
             self._forget_old()
-        log.info("gate %s of %s/%s (%s): %s", gate, namespace, name, _host(url), answer.reason)
+        log.info("gate %s of %s/%s (%s): %s", gate, namespace, name, url_origin(url), answer.reason)
         if self.on_done is not None and (before is None or before.answer != answer):
             try:
                 self.on_done(namespace, name)

@@ -41,6 +41,7 @@ import aiohttp
 
 from . import metrics
 from .api import WebhookSpec, parse_duration
+from .api_base import url_origin
 from .api_rollout import NotificationType
 from .loop_thread import LoopThread
 
@@ -231,7 +232,7 @@ class Notifier:
                 continue
             if not host_allowed(hook.url, self.allowed_hosts):
                 metrics.NOTIFICATIONS.labels(result="refused").inc()
-                log.warning("notifications: %s is not an allowed host; not sent", _host(hook.url))
+                log.warning("notifications: %s is not an allowed host; not sent", url_origin(hook.url))
                 continue
             with self._lock:
                 full = self._pending >= self.queue_size or not self._thread.running
@@ -267,16 +268,12 @@ class Notifier:
                 return "delivered"
             metrics.NOTIFICATION_ATTEMPTS.labels(result="failed").inc()
             log.info(
-                "notification to %s failed (%s, %.1fs)", _host(hook.url), why, time.monotonic() - started
+                "notification to %s failed (%s, %.1fs)", url_origin(hook.url), why, time.monotonic() - started
             )
-        log.warning("notification to %s given up after %d tries: %s", _host(hook.url), self.attempts, why)
+        log.warning(
+            "notification to %s given up after %d tries: %s", url_origin(hook.url), self.attempts, why
+        )
         return "failed"
-
-
-def _host(url: str) -> str:
-    """The URL without its path and credentials (for logs: a webhook URL's path is often its secret)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
 
 
 def add_key_parser(sub: Any) -> None:

@@ -61,7 +61,8 @@ def _comma_list(value: Any) -> Any:
     return value
 
 
-Namespaces = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]
+Namespaces = CommaList
 
 
 class Settings(BaseSettings):
@@ -148,7 +149,7 @@ class Settings(BaseSettings):
         description="a file (a mounted Secret) whose bytes sign every notification, under a key derived "
         "per namespace (kubectl modeldeploy notification-key)",
     )
-    notification_allowed_hosts: Namespaces = Field(
+    notification_allowed_hosts: CommaList = Field(
         default_factory=list,
         description="host patterns (fnmatch, a comma list) a webhook may name; default: any host",
     )
