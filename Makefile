@@ -10,7 +10,7 @@ PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 nftables deps test test-setup binaries-niced checks-without-binaries \
         test-cluster system-packages test-unit test-integration test-e2e lint lint-code lint-chart \
-        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-generate bench-operator bench-canary bench-judge bench-storage bench-chaos crds e2e-kind shellcheck clean
+        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-generate bench-gpu bench-operator bench-canary bench-judge bench-storage bench-chaos crds e2e-kind shellcheck clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench-serving / bench-operator / bench-canary   benchmarks (results under bench/results/)"
 	@echo "make bench-serving-shadow   only the shadow-copy cost section of bench-serving"
 	@echo "make bench-generate  text generation: modelserver vs transformers serve (CB and naive) vs the decode limit"
+	@echo "make bench-gpu       the server's GPU path (needs CUDA): encoders fp16, generation exactness, 0.8 B Llama vs transformers serve"
 	@echo "make bench-storage   model fetch from the local S3 vs plain boto3; pod-Ready cold vs node cache"
 	@echo "make bench-chaos     fault injection on the local cluster: what clients saw, time to resume"
 	@echo "make bench-judge     the statistical judge on the local cluster: false positives (identical) and power (30 % slower)"
@@ -136,6 +137,11 @@ bench-serving-shadow: venv
 bench-generate: venv
 	$(PY) -m pip install --quiet "openai==3.60.0" "accelerate==1.15.0"
 	$(PY) -m bench.generate
+
+# the server's GPU path; needs a CUDA machine (exits 2 without one): bench/results/gpu.{json,md}
+bench-gpu: venv
+	$(PY) -m pip install --quiet "openai==3.60.0" "accelerate==1.15.0"
+	$(PY) -m bench.gpu
 
 bench-judge: deps
 	$(PY) -m bench.judge
