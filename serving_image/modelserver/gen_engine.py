@@ -1,12 +1,10 @@
-"""The continuous-batching engine for text generation: transformers' ``ContinuousBatchingManager``
-(iteration-level scheduling, a paged KV cache, chunked prefill within a per-step token budget) driven from
-the event loop, with this server's admission in front of it.
-
-Why transformers' manager rather than a scheduler of our own: on the test Llama (25.6 M parameters, CPU,
-one thread) it generated 176 output tokens/s for 8 concurrent greedy prompts against 50.5 for
-``generate()`` per request, token-for-token the same answers (measured 2026-12-03). ``make bench-generate``
-puts this server level with ``transformers serve --continuous-batching`` (1.00x at 32 streams) and 2.2x
-``generate()`` per request, at 21 % of the decode limit (docs/server.md). What it lacks, this module adds:
+"""The continuous-batching engine for text generation, driven from the event loop, with this server's
+admission in front of it. Two loops run the model (``--engine``): this server's own
+(modelserver.gen_own_engine: a slot-based KV cache, one batched decode forward per step plus prefill
+chunks within the step's token budget, a generator per sampled sequence) or transformers'
+``ContinuousBatchingManager`` (a paged KV cache; the same scheduling). Both are driven through the
+manager's methods (``add_request``, ``register_result_handler``, ``cancel_request``); the figures of both,
+side by side, are in docs/server.md (``make bench-generate``). What the loops lack, this module adds:
 
 * **Bounds before admission.** A request whose prompt plus ``max_tokens`` does not fit the context or the
   KV cache would stop the manager's loop for every request ("no requests can be scheduled"); it is
@@ -17,8 +15,9 @@ puts this server level with ``transformers serve --continuous-batching`` (1.00x 
   away, a stop string was found) cancels the request in the manager, which frees its cache blocks.
 * **Per-request sampling**: temperature, top-p, top-k through the manager's per-request processors.
   Greedy decoding is top-k 1 (the highest logit, deterministic), so greedy and sampled requests share one
-  batch. The manager seeds one generator for all requests: a per-request ``seed`` cannot be honoured for
-  sampled requests and is refused there (greedy needs none).
+  batch. The own engine draws each sampled sequence from its own generator, seeded by the request's
+  ``seed``; the manager seeds one generator for all requests, so with it a ``seed`` for a sampled request
+  is refused (greedy needs none).
 * **Counts** for the metrics: waiting (admitted, no token yet) and running sequences, KV cache use.
 
 * **Priorities, deadlines and preemption by recompute** (modelserver.gen_schedule): the manager schedules
@@ -83,6 +82,7 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     greedy: bool = False
+    seed: int | None = None  # a sampled answer's own generator (the own engine only)
 
     def processor_kwargs(self) -> dict[str, Any]:
         """The manager's per-request processor arguments (exact types: it refuses an int temperature)."""
@@ -146,8 +146,17 @@ class GenerationEngine:
         self.running = 0
         self._ids = itertools.count()
 
+    @property
+    def seeds_per_request(self) -> bool:
+        """Whether the engine gives each sampled sequence its own generator (modelserver.gen_own_engine)."""
+        return bool(getattr(self.manager, "seeds_per_request", False))
+
     def kv_cache_usage(self) -> float | None:
-        """Share of the KV cache's blocks in use (None when the manager does not tell)."""
+        """Share of the KV cache in use: the own engine's slots, the manager's blocks (None when the
+        manager does not tell)."""
+        own = getattr(self.manager, "kv_cache_usage", None)
+        if own is not None:
+            return float(own())
         with contextlib.suppress(AttributeError, TypeError, ZeroDivisionError):
             cache = self.manager.batch_processor.cache
             pool = cache.pool
@@ -157,6 +166,11 @@ class GenerationEngine:
 
     def admit(self, prompt_tokens: int, sampling: Sampling) -> None:
         check(self.limits, prompt_tokens, sampling.max_tokens)
+        if sampling.seed is not None and not sampling.greedy and not self.seeds_per_request:
+            raise InvalidInput(
+                "seed: a per-request seed for a sampled answer (temperature > 0) needs --engine own (this"
+                " server runs transformers' manager, one generator for all sequences); use temperature 0"
+            )
         if not self.manager.is_running():
             raise GenerationUnavailable("the generation engine is not running")
         if self.waiting >= self.limits.max_waiting:
@@ -211,6 +225,9 @@ class GenerationEngine:
         seat.on_preempt = lambda: queue.put_nowait(_PREEMPTED)
         finished = False
         sent = 0
+        extra = sampling.processor_kwargs()
+        if sampling.seed is not None and not sampling.greedy:
+            extra["seed"] = sampling.seed  # a preempted sequence resumes from the seed's first draw
         try:
             added = self.manager.add_request(
                 tokens,
@@ -218,7 +235,7 @@ class GenerationEngine:
                 max_new_tokens=sampling.max_tokens - done,
                 streaming=True,
                 eos_token_id=self.eos_token_id,
-                **sampling.processor_kwargs(),
+                **extra,
             )
             if added is None:
                 raise GenerationUnavailable("the generation engine refused the request (its loop stopped)")

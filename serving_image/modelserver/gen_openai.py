@@ -10,9 +10,10 @@ This server's own fields: ``priority`` (1 is the highest, 0 the server's default
 ``parameters.priority``) and ``timeout_ms`` (how long the request may wait for a place in the engine:
 504 past it; a stream that has started is never cut by it). modelserver.gen_schedule says what they do.
 
-``seed``: the engine seeds one generator for all sequences, so a seed cannot make a *sampled* answer
-reproducible; with ``temperature`` > 0 a ``seed`` is refused (400), with ``temperature`` 0 (greedy, always
-reproducible) it is accepted and changes nothing.
+``seed``: with the own engine (``--engine own``) a sampled answer (``temperature`` > 0) is drawn from its
+own generator seeded with it, so the same seed gives the same answer; transformers' manager seeds one
+generator for all sequences, so there the engine refuses it (400, modelserver.gen_engine). With
+``temperature`` 0 (greedy, always reproducible) it is accepted and changes nothing.
 """
 
 from __future__ import annotations
@@ -58,11 +59,6 @@ class _Common(BaseModel):
         stops = self.stops()
         if len(stops) > 4 or any(not s for s in stops):
             raise ValueError("stop: at most 4 non-empty strings")
-        if self.seed is not None and self.temperature > 0:
-            raise ValueError(
-                "seed: a per-request seed is not supported for sampled answers (temperature > 0); use"
-                " temperature 0 for a reproducible answer"
-            )
         return self
 
     def stops(self) -> list[str]:
@@ -70,7 +66,8 @@ class _Common(BaseModel):
 
     def sampling(self, max_tokens: int) -> Sampling:
         top_k = max(self.top_k, 0)
-        return Sampling(max_tokens, self.temperature, self.top_p, top_k, greedy=self.temperature == 0.0)
+        greedy = self.temperature == 0.0
+        return Sampling(max_tokens, self.temperature, self.top_p, top_k, greedy=greedy, seed=self.seed)
 
 
 class CompletionRequest(_Common):

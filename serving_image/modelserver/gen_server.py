@@ -68,14 +68,7 @@ def load(settings: Settings) -> tuple[GenerationEngine, object]:
     )
     model = model.to(device)  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(path)
-    context = min(int(getattr(model.config, "max_position_embeddings", 2048)), settings.kv_cache_tokens)
-    manager = build_manager(
-        model,
-        kv_cache_tokens=settings.kv_cache_tokens,
-        page_size=settings.kv_page_size,
-        max_batch_tokens=settings.max_batch_tokens,
-        max_sequences=settings.max_running_sequences,
-    )
+    manager, context = start_engine(model, settings)
     limits = Limits(
         context=context,
         max_tokens=min(settings.max_new_tokens, context - 1),
@@ -92,6 +85,31 @@ def load(settings: Settings) -> tuple[GenerationEngine, object]:
         manager, limits, model.generation_config.eos_token_id, settings.aging_ms / 1000.0
     )
     return engine, tokenizer
+
+
+def start_engine(model: object, settings: Settings) -> tuple[object, int]:
+    """The loop that runs the model (``--engine``) and the context it allows: the own engine's slot length
+    (the KV cache's tokens / ``--max-running-sequences``), the manager's whole cache; at most the model's
+    positions."""
+    if settings.engine == "own":
+        from .gen_own_engine import build_own_engine
+
+        own = build_own_engine(
+            model,
+            kv_cache_tokens=settings.kv_cache_tokens,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_sequences=settings.max_running_sequences,
+        )
+        return own, own.max_len
+    positions = int(getattr(getattr(model, "config", None), "max_position_embeddings", 2048))
+    manager = build_manager(
+        model,
+        kv_cache_tokens=settings.kv_cache_tokens,
+        page_size=settings.kv_page_size,
+        max_batch_tokens=settings.max_batch_tokens,
+        max_sequences=settings.max_running_sequences,
+    )
+    return manager, min(positions, settings.kv_cache_tokens)
 
 
 async def serve_generation(settings: Settings) -> int:

@@ -16,6 +16,7 @@ from localcluster.promtext import sample_sum
 from modelserver.errors import InvalidInput
 from modelserver.gen_app import GenerationApp
 from modelserver.gen_engine import GenerationEngine, Limits, Sampling, build_manager, schedule_of
+from modelserver.gen_own_engine import build_own_engine
 from modelserver.gen_schedule import Gate, GenerationDeadline, Seat, most_urgent, victim
 from modelserver.metrics import Metrics
 
@@ -101,10 +102,16 @@ def test_priority_and_timeout_of_a_request_are_checked_and_capped() -> None:
 
 
 # -- the engine on the small Llama ------------------------------------------------------------------------
-@pytest.fixture
-async def engine(loaded: Any) -> AsyncIterator[GenerationEngine]:
+@pytest.fixture(params=["manager", "own"])
+async def engine(loaded: Any, request: Any) -> AsyncIterator[GenerationEngine]:
+    """The gate over either loop (``--engine manager | own``)."""
     model, tok = loaded
-    manager = build_manager(model, kv_cache_tokens=2048, page_size=32, max_batch_tokens=128, max_sequences=2)
+    if request.param == "own":
+        manager: Any = build_own_engine(model, kv_cache_tokens=1024, max_batch_tokens=128, max_sequences=2)
+    else:
+        manager = build_manager(
+            model, kv_cache_tokens=2048, page_size=32, max_batch_tokens=128, max_sequences=2
+        )
     limits = Limits(context=512, max_tokens=200, max_waiting=8, max_running=2)
     yield GenerationEngine(manager, limits, tok.eos_token_id, aging_s=10.0)
     manager.stop(block=True, timeout=10)

@@ -1,0 +1,306 @@
+"""This server's own continuous-batching loop (``--engine own``), in place of transformers'
+``ContinuousBatchingManager`` and with the same methods modelserver.gen_engine calls on it
+(``add_request``, ``register_result_handler``, ``cancel_request``, ``is_running``, ``stop``).
+
+One thread runs the model; each step is
+
+1. **one batched decode forward** for every running sequence (their caches in slots ``0..D-1`` of a
+   :class:`~modelserver.gen_slots.SlotCache`, each row at its own position), then
+2. **prefill chunks** of newcomers, in arrival order, within what is left of the per-step token budget
+   (``max_batch_tokens``): a long prompt is prefilled over several steps, so running streams keep getting a
+   token every step. The sequence being prefilled sits in slot ``D``; when its prompt is in, its first token
+   is sampled and it joins the decode rows.
+
+A finished or cancelled sequence leaves at the end of the step (cancel: at the next step, its slot is free
+at once); the last running sequence's cache moves into its slot, so the rows stay compact. Each row
+samples with its own settings and generator (modelserver.gen_sampling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import gen_slots
+from .gen_sampling import RowSampling, next_tokens
+
+log = logging.getLogger("modelserver.generation")
+
+
+@dataclass
+class Output:
+    """What a result handler gets (the fields of the manager's ``GenerationOutput`` that are read)."""
+
+    request_id: str
+    generated_tokens: list[int]
+    finished: bool = False
+    error: str | None = None
+
+    def is_finished(self) -> bool:
+        return self.finished
+
+
+@dataclass(eq=False)
+class Sequence:
+    rid: str
+    tokens: list[int]  # the prompt, then each generated token
+    prompt_len: int
+    max_new: int
+    eos: frozenset[int]
+    sampling: RowSampling
+    cached: int = 0  # positions written in the cache (running: every token but the last)
+    sent: int = 0  # generated tokens already handed out
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    def done(self) -> bool:
+        new = len(self.tokens) - self.prompt_len
+        return new >= self.max_new or (new > 0 and self.tokens[-1] in self.eos)
+
+
+@dataclass
+class _Inbox:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    added: list[Sequence] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    wake: threading.Event = field(default_factory=threading.Event)
+
+
+def _eos_set(eos: int | list[int] | None) -> frozenset[int]:
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+class OwnEngine:
+    """Slot-based continuous batching of one causal LM; ``slots`` sequences of up to ``max_len`` tokens."""
+
+    seeds_per_request = True  # a sampled sequence draws from its own generator (modelserver.gen_engine)
+
+    def __init__(
+        self, model: Any, *, kv_cache_tokens: int, max_batch_tokens: int, max_sequences: int
+    ) -> None:
+        cfg = model.config
+        gen_slots.register()
+        self._attn_before = cfg._attn_implementation
+        model.set_attn_implementation(gen_slots.ATTN_NAME)  # without slot_cache=True it is sdpa
+        self.model = model.eval()
+        self.slots = max(1, min(max_sequences, kv_cache_tokens))
+        positions = int(getattr(cfg, "max_position_embeddings", kv_cache_tokens))
+        self.max_len = min(kv_cache_tokens // self.slots, positions)
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        param = next(model.parameters())
+        self.cache = gen_slots.SlotCache(
+            cfg.num_hidden_layers, self.slots, self.max_len, kv_heads, head_dim, param.dtype, param.device
+        )
+        self.device = param.device
+        self.max_batch_tokens = max_batch_tokens
+        self.decoding: list[Sequence] = []  # row i = slot i
+        self.prefilling: Sequence | None = None  # in slot len(decoding)
+        self.queue: deque[Sequence] = deque()
+        self.handlers: dict[str, tuple[Callable[[Any], None], asyncio.AbstractEventLoop]] = {}
+        self._inbox = _Inbox()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.steps = 0
+
+    # -- what modelserver.gen_engine calls (the manager's names) ---------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="modeldeploy-generation", daemon=True)
+        self._thread.start()
+
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def stop(self, block: bool = True, timeout: float | None = None) -> None:
+        self._stopping = True
+        self._inbox.wake.set()
+        if block and self._thread is not None:
+            self._thread.join(timeout)
+            if not self._thread.is_alive():  # the model is as it was given (another engine may take it)
+                self.model.set_attn_implementation(self._attn_before)
+
+    def register_result_handler(self, rid: str, handler: Callable[[Any], None]) -> None:
+        """``handler`` gets each :class:`Output` of ``rid`` on the calling event loop."""
+        self.handlers[rid] = (handler, asyncio.get_running_loop())
+
+    def add_request(
+        self, tokens: list[int], request_id: str, max_new_tokens: int, streaming: bool = True,
+        eos_token_id: int | list[int] | None = None, temperature: float = 1.0, top_k: int = 0,
+        top_p: float = 1.0, seed: int | None = None,
+    ) -> str | None:  # fmt: skip
+        if not self.is_running():
+            return None
+        greedy = top_k == 1 or temperature == 0.0
+        sampling = RowSampling.of(greedy, temperature, top_k, top_p, seed)
+        seq = Sequence(
+            request_id, list(tokens), len(tokens), max_new_tokens, _eos_set(eos_token_id), sampling
+        )
+        with self._inbox.lock:
+            self._inbox.added.append(seq)
+        self._inbox.wake.set()
+        return request_id
+
+    def cancel_request(self, rid: str) -> None:
+        self.handlers.pop(rid, None)
+        with self._inbox.lock:
+            self._inbox.cancelled.append(rid)
+        self._inbox.wake.set()
+
+    def kv_cache_usage(self) -> float:
+        """Share of the cache's slots held by a sequence (what admission to the cache sees)."""
+        return (len(self.decoding) + (self.prefilling is not None)) / self.slots
+
+    def cached_tokens(self) -> int:
+        """Positions written in the cache by the sequences that hold a slot."""
+        held = self.decoding + ([self.prefilling] if self.prefilling else [])
+        return sum(s.cached for s in held)
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            self._take_inbox()
+            if not self.decoding and self.prefilling is None and not self.queue:
+                self._inbox.wake.wait(0.05)
+                self._inbox.wake.clear()
+                continue
+            try:
+                with torch.inference_mode():
+                    self.step()
+            except Exception as e:  # a failed step fails its sequences, the loop goes on
+                log.exception("generation step failed")
+                self._fail_all(f"{type(e).__name__}: {e}")
+
+    def _take_inbox(self) -> None:
+        with self._inbox.lock:
+            added, self._inbox.added = self._inbox.added, []
+            cancelled, self._inbox.cancelled = self._inbox.cancelled, []
+        self.queue.extend(added)
+        for rid in cancelled:
+            self._drop(rid)
+
+    def _drop(self, rid: str) -> None:
+        for s in list(self.queue):
+            if s.rid == rid:
+                self.queue.remove(s)
+        if self.prefilling is not None and self.prefilling.rid == rid:
+            self.prefilling = None
+        for i in reversed(range(len(self.decoding))):
+            if self.decoding[i].rid == rid:
+                self._free(i)
+
+    def _free(self, i: int) -> None:
+        """Row ``i`` leaves: the last row's cache moves into its slot, a prefilling one moves down too."""
+        last = len(self.decoding) - 1
+        if i != last:
+            self.cache.move(last, i, self.decoding[last].cached)
+            self.decoding[i] = self.decoding[last]
+        self.decoding.pop()
+        if self.prefilling is not None:
+            self.cache.move(last + 1, last, self.prefilling.cached)
+
+    def _fail_all(self, error: str) -> None:
+        held = self.decoding + ([self.prefilling] if self.prefilling else []) + list(self.queue)
+        for s in held:
+            self._emit(s, Output(s.rid, s.generated, True, error))
+        self.decoding, self.prefilling = [], None
+        self.queue.clear()
+
+    def step(self) -> None:
+        """One decode forward for the running rows, then prefill chunks within the step's token budget."""
+        self.steps += 1
+        budget = self.max_batch_tokens
+        if self.decoding:
+            self._decode()
+            budget -= len(self.decoding)
+        while budget > 0:
+            seq = self.prefilling or self._newcomer()
+            if seq is None:
+                break
+            n = min(budget, len(seq.tokens) - seq.cached)
+            budget -= n
+            self._prefill(seq, n)
+        self._finish()
+
+    def _newcomer(self) -> Sequence | None:
+        if not self.queue or len(self.decoding) >= self.slots:
+            return None
+        self.prefilling = self.queue.popleft()
+        return self.prefilling
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
+            use_cache=True, logits_to_keep=1, slot_cache=True,
+        )  # fmt: skip
+        return out.logits[:, -1]
+
+    def _decode(self) -> None:
+        rows = self.decoding
+        ids = torch.tensor([[s.tokens[-1]] for s in rows], device=self.device)
+        pos = torch.tensor([s.cached for s in rows], device=self.device)
+        logits = self._forward(ids, pos[:, None], self.cache.for_decode(pos))
+        for s, t in zip(rows, next_tokens(logits, [s.sampling for s in rows]), strict=True):
+            s.cached += 1
+            s.tokens.append(t)
+
+    def _prefill(self, seq: Sequence, n: int) -> None:
+        start = seq.cached
+        ids = torch.tensor([seq.tokens[start : start + n]], device=self.device)
+        pos = torch.arange(start, start + n, device=self.device)[None]
+        mask = self.cache.for_prefill(len(self.decoding), start, n, self.device)
+        logits = self._forward(ids, pos, mask)
+        seq.cached += n
+        if seq.cached == len(seq.tokens):  # the prompt is in: its first (next) token
+            seq.tokens.append(next_tokens(logits, [seq.sampling])[0])
+            self.decoding.append(seq)
+            self.prefilling = None
+
+    def _finish(self) -> None:
+        """Hand out the step's tokens; finished rows leave (from the last, so indices hold) before their
+        last output is sent: a client that has its answer finds the slot free."""
+        outputs: list[tuple[Sequence, Output]] = []
+        for i in reversed(range(len(self.decoding))):
+            s = self.decoding[i]
+            done = s.done() or s.cached >= self.max_len
+            if len(s.tokens) - s.prompt_len > s.sent or done:
+                s.sent = len(s.tokens) - s.prompt_len
+                outputs.append((s, Output(s.rid, s.generated, done)))
+            if done:
+                self._free(i)
+        for s, out in reversed(outputs):
+            self._emit(s, out)
+            if out.finished:
+                self.handlers.pop(s.rid, None)
+
+    def _emit(self, seq: Sequence, out: Output) -> None:
+        entry = self.handlers.get(seq.rid)
+        if entry is not None:
+            handler, loop = entry
+            with contextlib.suppress(RuntimeError):  # the loop closed
+                loop.call_soon_threadsafe(handler, out)
+
+
+def build_own_engine(
+    model: Any, *, kv_cache_tokens: int, max_batch_tokens: int, max_sequences: int
+) -> OwnEngine:
+    engine = OwnEngine(
+        model, kv_cache_tokens=kv_cache_tokens, max_batch_tokens=max_batch_tokens, max_sequences=max_sequences
+    )
+    engine.start()
+    log.info(
+        "own generation engine started",
+        extra={"slots": engine.slots, "max_len": engine.max_len, "kv_cache_mb": engine.cache.nbytes / 2**20},
+    )
+    return engine

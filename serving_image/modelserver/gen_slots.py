@@ -1,0 +1,132 @@
+"""The own generation engine's KV cache (modelserver.gen_own_engine): one preallocated tensor per layer for
+keys and one for values, ``[slots, kv_heads, max_len, head_dim]``, a sequence in one slot.
+
+Slot-based, not paged: the running sequences are kept compact in slots ``0..D-1`` (a finished one's place
+is taken by the last one, its cache moved), so one decode step reads the cache as views
+``[:D, :, :L]`` (L: the longest running sequence) with no copy. A paged cache has to gather every running
+sequence's blocks into a contiguous tensor per layer and step for attention outside a paged kernel -- on
+CPU, transformers' manager flattens the batch into one ragged sequence instead, and its attention then
+costs every query against every sequence's keys (measured: 54 % of its step at 32 streams, docs/server.md).
+The price of slots: every sequence may be as long as ``max_len`` (the cache's tokens / slots), so the
+context is that, not the whole cache.
+
+The model's own forward is used (any Hugging Face decoder whose attention calls ``past_key_values.update``
+and the attention interface): :class:`SlotCache` is the ``past_key_values`` -- its ``update`` writes each
+row's new keys and values at that row's own position (advanced indexing) and returns the views -- and
+:func:`slot_attention` the attention function, registered as ``modeldeploy_slots``: grouped-query
+attention without repeating the keys (the query heads of one KV head are folded into the query length),
+with the 4D boolean mask this engine builds. Called without ``slot_cache=True`` it is transformers' sdpa.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+ATTN_NAME = "modeldeploy_slots"
+
+
+class SlotCache:
+    """Keys and values of up to ``slots`` sequences of up to ``max_len`` tokens, per layer."""
+
+    def __init__(
+        self, layers: int, slots: int, max_len: int, kv_heads: int, head_dim: int, dtype: Any, device: Any
+    ) -> None:
+        shape = (slots, kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.slots, self.max_len = slots, max_len
+        self._rows: torch.Tensor | None = None  # decode: the rows 0..D-1 ...
+        self._positions: torch.Tensor | None = None  # ... and each row's position
+        self._slot, self._start = 0, 0  # prefill: one slot, from this position
+        self._view = 0  # the key length the attention sees
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    # -- what the next forward writes ----------------------------------------------------------------
+    def for_decode(self, positions: torch.Tensor) -> torch.Tensor:
+        """Rows ``0..len(positions)-1`` each write one token at its position; the boolean mask
+        ``[D, 1, 1, L]`` (a row sees its own positions up to the new one)."""
+        d = int(positions.shape[0])
+        self._rows = torch.arange(d, device=positions.device)
+        self._positions = positions
+        self._view = int(positions.max()) + 1
+        seen = torch.arange(self._view, device=positions.device)
+        return (seen[None, :] <= positions[:, None]).view(d, 1, 1, self._view)
+
+    def for_prefill(self, slot: int, start: int, n: int, device: Any = None) -> torch.Tensor:
+        """Slot ``slot`` writes ``n`` tokens from ``start``; the causal mask ``[1, 1, n, start + n]``."""
+        self._rows = None
+        self._slot, self._start, self._view = slot, start, start + n
+        q = torch.arange(start, start + n, device=device)
+        k = torch.arange(start + n, device=device)
+        return (k[None, :] <= q[:, None]).view(1, 1, n, start + n)
+
+    # -- the Cache interface the model calls -----------------------------------------------------------
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self._rows is not None:  # decode: key_states [D, kv_heads, 1, head_dim]
+            keys[self._rows, :, self._positions] = key_states[:, :, 0]
+            values[self._rows, :, self._positions] = value_states[:, :, 0]
+            d = key_states.shape[0]
+            return keys[:d, :, : self._view], values[:d, :, : self._view]
+        s, a, n = self._slot, self._start, key_states.shape[2]
+        keys[s, :, a : a + n] = key_states[0]
+        values[s, :, a : a + n] = value_states[0]
+        return keys[s : s + 1, :, : self._view], values[s : s + 1, :, : self._view]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._view
+
+    # -- slots ------------------------------------------------------------------------------------------
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy slot ``src``'s first ``length`` positions into slot ``dst`` (compaction)."""
+        if src == dst or length <= 0:
+            return
+        for t in self.keys + self.values:
+            t[dst, :, :length] = t[src, :, :length]
+
+
+def slot_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention over slot views: query ``[B, H, q, d]``, keys ``[B, kv, L, d]``; returns
+    ``[B, q, H, d]``. The ``H / kv`` query heads of a KV head are folded into the query length, so the keys
+    are never repeated (transformers' sdpa repeats them per layer when there is a mask)."""
+    if not kwargs.pop("slot_cache", False):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    b, h, q, d = query.shape
+    kv = key.shape[1]
+    g = h // kv
+    folded = query.reshape(b, kv, g * q, d)
+    mask = attention_mask
+    if mask is not None and g > 1 and q > 1:
+        mask = mask.unsqueeze(2).expand(b, 1, g, q, mask.shape[-1]).reshape(b, 1, g * q, mask.shape[-1])
+    out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Make ``modeldeploy_slots`` an attention implementation (and its masks sdpa's); idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_NAME, slot_attention)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
