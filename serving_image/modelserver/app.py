@@ -14,12 +14,10 @@ import asyncio
 import logging
 import math
 import os
-import re
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +36,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from . import __version__
 from . import openai_embeddings as oai_emb
 from .batching import BatchingError
+from .door import EMBEDDINGS_PATH, RID_OK, Door, arrival, is_infer, request_id
 from .errors import (
     InvalidInput,
     NotFound,
     NotReady,
-    Overloaded,
     PayloadTooLarge,
     ServerError,
     UnsupportedEncoding,
@@ -70,13 +68,10 @@ log = logging.getLogger("modelserver.http")
 
 MAX_BODY = 64 * 1024 * 1024
 JSON = "application/json"
-_RID_OK = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 #: the revision this server belongs to (the operator sets MODELDEPLOY_REVISION on the server container),
 #: sent back on every response so a client behind a Service or a gateway can tell who answered
 REVISION_HEADER = b"x-modeldeploy-revision"
-#: OpenAI's embeddings route (modelserver.openai_embeddings): counted and limited as infer requests are
-EMBEDDINGS_PATH = "/v1/embeddings"
 
 
 def json_response(status: int, doc: Any, headers: Mapping[str, str] | None = None) -> Response:
@@ -92,8 +87,8 @@ def error_response(status: int, message: str, retry_after: float | None = None) 
 
 
 async def _server_error(request: Request, exc: ServerError | BatchingError) -> Response:
-    """A :class:`ServerError` or a :class:`BatchingError`: its status, ``Retry-After`` on 429 and 503."""
-    retry_after = exc.retry_after if exc.status in (429, 503) else None
+    """A :class:`ServerError` or a :class:`BatchingError`: its status, ``Retry-After`` on 429, 503 and 504."""
+    retry_after = exc.retry_after if exc.status in (429, 503, 504) else None
     return error_response(exc.status, str(exc), retry_after)
 
 
@@ -130,7 +125,7 @@ _ERRORS: dict[int | str, str] = {
     429: "The deadline cannot be met (Retry-After)",
     500: "The model failed on this input",
     503: "Queue full, not ready, or draining (Retry-After)",
-    504: "The deadline expired while queued",
+    504: "The deadline (counted from the request's arrival) passed before it ran (Retry-After)",
     "4XX": "Any other client error, e.g. 405 for a wrong method",
 }
 
@@ -159,14 +154,7 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         t0 = time.perf_counter()
-        rid = None
-        for k, v in scope["headers"]:
-            if k == b"x-request-id":
-                s = v.decode("latin-1")
-                if _RID_OK.match(s):
-                    rid = s
-        if rid is None:
-            rid = uuid.uuid4().hex
+        rid = request_id(scope)
         added = [(b"x-request-id", rid.encode()), *self.server.revision_header]
         status = 0
 
@@ -180,7 +168,7 @@ class RequestContext:
         method = scope["method"]
         if method == "HEAD":
             scope = {**scope, "method": "GET"}
-        infer = method == "POST" and (scope["path"].endswith("/infer") or scope["path"] == EMBEDDINGS_PATH)
+        infer = is_infer(scope)
         inflight = self.server.service.metrics.inflight
         if infer:
             inflight.inc()
@@ -295,14 +283,15 @@ class ModelServerApp(FastAPI):
         self.model_name = service.name  # (FastAPI's own ``version`` is the API's)
         self.model_version = service.version
         self.mirror = mirror
-        self._in_flight = 0  # infer requests between their first byte read and their answer
         # compressed bodies are inflated on this one thread, one at a time
         self._inflater = ThreadPoolExecutor(1, thread_name_prefix="inflate")
         self.load_task: asyncio.Task[None] | None = None
         self.watch_task: asyncio.Task[None] | None = None
         self.on_load_failure: Callable[[BaseException], None] | None = None
         revision = os.environ.get("MODELDEPLOY_REVISION", "")
-        self.revision_header = [(REVISION_HEADER, revision.encode())] if _RID_OK.match(revision) else []
+        self.revision_header = [(REVISION_HEADER, revision.encode())] if RID_OK.match(revision) else []
+        # infer requests from their arrival at the application to their answer (max_concurrent_requests)
+        self.door = Door(service.settings.max_concurrent_requests, self._on_refused, self.revision_header)
         self.add_middleware(RequestContext, server=self)
         self._add_routes()
 
@@ -421,24 +410,17 @@ class ModelServerApp(FastAPI):
     async def infer_version(self, request: Request, model_name: str, model_version: str) -> Response:
         return await self._infer(request, model_name, model_version)
 
-    @contextmanager
-    def _in_flight_slot(self) -> Iterator[None]:
-        """One request counted against ``max_concurrent_requests`` from its first byte read to its
-        answer: beyond the limit a 503 with ``Retry-After`` before anything is read or decoded."""
-        limit = self.service.settings.max_concurrent_requests
-        if self._in_flight >= limit:
-            self.service.metrics.on_reject("overloaded")
-            raise Overloaded(f"{limit} requests in flight (max_concurrent_requests)", retry_after=1.0)
-        self._in_flight += 1
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The door first (modelserver.door): the arrival time, and the in-flight bound of infer requests."""
+        await self.door(super().__call__, scope, receive, send)
+
+    def _on_refused(self) -> None:
+        m = self.service.metrics
+        m.on_reject("overloaded")
+        m.observe_request(503, 0.0)
 
     async def _infer(self, request: Request, name: str, version: str | None) -> Response:
-        """One infer request, under the in-flight limit (:meth:`_in_flight_slot`)."""
-        with self._in_flight_slot():
-            return await self._infer_admitted(request, name, version)
+        return await self._infer_admitted(request, name, version)
 
     async def _infer_admitted(self, request: Request, name: str, version: str | None) -> Response:
         svc = self.service
@@ -466,7 +448,9 @@ class ModelServerApp(FastAPI):
                 if o not in known:
                     raise InvalidInput(f"unknown output '{o}'; the model has {sorted(known)}")
         rid = request_id_var.get() or ""  # set by RequestContext
-        outputs = await svc.infer(req.inputs, req.priority, req.timeout_ms, rid)
+        outputs = await svc.infer(
+            req.inputs, req.priority, req.timeout_ms, rid, arrival=arrival(request.scope)
+        )
         payload, hlen = encode_response(self.model_name, self.model_version, req, outputs)
         copy = None  # the shadow copy, offered once the answer is sent
         mirror = self.mirror
@@ -481,28 +465,26 @@ class ModelServerApp(FastAPI):
     async def embeddings(self, request: Request) -> Response:
         """OpenAI ``/v1/embeddings``: the texts as one infer request of the model's ``text`` input, under the
         same in-flight limit, queue and batching (modelserver.openai_embeddings)."""
-        with self._in_flight_slot():
-            try:
-                doc = orjson.loads(await read_body(request.receive))
-            except orjson.JSONDecodeError as e:
-                raise InvalidInput(f"the body is not JSON: {e}") from None
-            req = oai_emb.parse(doc)
-            self._check_model(req.model, None)
-            svc = self.service
-            svc.check_admitting()
-            info = svc.model.info
-            if "embedding" not in {o.name for o in info.outputs} or "text" not in {
-                i.name for i in info.inputs
-            }:
-                raise NotFound(
-                    f"model '{self.model_name}' gives no embeddings: /v1/embeddings serves embedding models"
-                )
-            texts = np.array(req.texts(), dtype=object)
-            counts: list[int] = []
-            rid = request_id_var.get() or ""
-            outputs = await svc.infer({"text": texts}, 0, None, rid, token_counts=counts)
-            body = oai_emb.answer(self.model_name, outputs["embedding"], req.encoding_format, sum(counts))
-            return json_response(200, body)
+        try:
+            doc = orjson.loads(await read_body(request.receive))
+        except orjson.JSONDecodeError as e:
+            raise InvalidInput(f"the body is not JSON: {e}") from None
+        req = oai_emb.parse(doc)
+        self._check_model(req.model, None)
+        svc = self.service
+        svc.check_admitting()
+        info = svc.model.info
+        if "embedding" not in {o.name for o in info.outputs} or "text" not in {i.name for i in info.inputs}:
+            raise NotFound(
+                f"model '{self.model_name}' gives no embeddings: /v1/embeddings serves embedding models"
+            )
+        texts = np.array(req.texts(), dtype=object)
+        counts: list[int] = []
+        rid = request_id_var.get() or ""
+        at = arrival(request.scope)
+        outputs = await svc.infer({"text": texts}, 0, None, rid, token_counts=counts, arrival=at)
+        body = oai_emb.answer(self.model_name, outputs["embedding"], req.encoding_format, sum(counts))
+        return json_response(200, body)
 
     # -- typed routes -----------------------------------------------------------------------------------
     async def live(self) -> Response:

@@ -256,7 +256,10 @@ class BatchQueue:
             self.observer.on_reject(DeadlineExpired.reason)
             if it.future is not None and not it.future.done():
                 it.future.set_exception(
-                    DeadlineExpired(f"deadline expired after {(now - it.arrival) * 1000:.0f} ms in the queue")
+                    DeadlineExpired(
+                        f"deadline expired after {(now - it.arrival) * 1000:.0f} ms in the queue",
+                        retry_after=self.retry_after(),
+                    )
                 )
 
     def _sweep(self, now: float) -> None:
@@ -271,7 +274,10 @@ class BatchQueue:
                 if it.future is not None:
                     waited = now - it.arrival
                     it.future.set_exception(
-                        DeadlineExpired(f"deadline expired after {waited * 1000:.0f} ms in the queue")
+                        DeadlineExpired(
+                            f"deadline expired after {waited * 1000:.0f} ms in the queue",
+                            retry_after=self.retry_after(),
+                        )
                     )
         if dead:
             self._remove(dead)
@@ -367,8 +373,37 @@ class BatchQueue:
         due, urgent_at = self._dispatch_times(chosen)
         if full or self._closed or now >= due or now >= urgent_at:
             self._remove(chosen)
-            return Batch(items=chosen, padded_length=max(1, padded), formed_at=now)
+            run = self._fail_late(chosen, now)
+            if not run:
+                return self.try_form()  # every item of it was late: the next batch
+            if len(run) < len(chosen):
+                padded = max(it.length for it in run)
+            return Batch(items=run, padded_length=max(1, padded), formed_at=now)
         return min(due, urgent_at)
+
+    def _fail_late(self, items: list[WorkItem], now: float) -> list[WorkItem]:
+        """The items of a batch about to run that it would finish before their deadline (by the cost model);
+        the others fail now with :class:`DeadlineExpired` (504 + ``Retry-After``), not run: an answer after
+        the deadline is worth nothing to the caller and costs the requests behind it."""
+        end = now + self.cost.predict(len(items), max(it.length for it in items))
+        if all(it.deadline >= end for it in items):
+            return items
+        keep = []
+        for it in items:
+            if it.deadline >= end:
+                keep.append(it)
+                continue
+            self.observer.on_reject(DeadlineExpired.reason)
+            if it.future is not None and not it.future.done():
+                it.future.set_exception(
+                    DeadlineExpired(
+                        f"deadline would expire before the batch finished "
+                        f"({(it.deadline - now) * 1000:.0f} ms left, the batch takes about "
+                        f"{(end - now) * 1000:.0f} ms)",
+                        retry_after=self.retry_after(),
+                    )
+                )
+        return keep
 
     def _not_yet(self, now: float) -> float | None:
         """When no batch can be full with fewer items than the longest one's batch holds, nor due before the

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .batch_worker import BatchWorker, SplitStats, run_with_split
-from .batching import Batch, BatchingConfig, BatchQueue, Draining, WorkItem
+from .batching import Batch, BatchingConfig, BatchQueue, DeadlineExpired, Draining, WorkItem
 from .config import Settings
 from .errors import InvalidInput, NotReady, PayloadTooLarge
 from .metrics import Metrics
@@ -213,8 +213,13 @@ class ModelService:
         timeout_ms: float | None = None,
         request_id: str = "",
         token_counts: list[int] | None = None,
+        arrival: float | None = None,
     ) -> dict[str, np.ndarray]:
-        """The outputs of one request; ``token_counts``, when given, gets each item's length (tokens)."""
+        """The outputs of one request; ``token_counts``, when given, gets each item's length (tokens).
+
+        The deadline counts from ``arrival`` (``time.monotonic()`` when the HTTP layer first saw the request,
+        modelserver.door), else from now: a request whose deadline passed while it was read, decoded or
+        tokenized is answered 504 with ``Retry-After`` and never queued."""
         self.check_admitting()
         prio = self._priority(priority)
         prepared = await self._prepare(inputs)
@@ -227,7 +232,9 @@ class ModelService:
         results: list[Any] = [None] * len(prepared)
         loop = asyncio.get_running_loop()
         now = time.monotonic()
-        deadline = now + timeout
+        deadline = (now if arrival is None else min(now, arrival)) + timeout
+        if deadline <= now:
+            self._expired_at_the_door(now - deadline + timeout)
         items: list[WorkItem] = []
         slots: list[int] = []
         cache = self.cache
@@ -254,7 +261,7 @@ class ModelService:
             q = self.queue
             assert q is not None
             q.submit(items)  # raises QueueFull / DeadlineUnmeetable / Draining
-            handle = loop.call_later(timeout, q.expire, items)
+            handle = loop.call_later(deadline - now, q.expire, items)
             try:
                 if len(items) == 1:
                     fut = items[0].future
@@ -276,6 +283,15 @@ class ModelService:
                     if ck is not None:
                         cache.put((self.name, self.version, item.key, ck), res)
         return self.model.postprocess(results)
+
+    def _expired_at_the_door(self, waited: float) -> None:
+        """A request whose deadline passed before it reached the queue: 504 + ``Retry-After``, not run."""
+        self.metrics.on_reject(DeadlineExpired.reason)
+        retry = self.queue.retry_after() if self.queue is not None else 1.0
+        raise DeadlineExpired(
+            f"deadline expired after {waited * 1000:.0f} ms, before the request reached the queue",
+            retry_after=retry,
+        )
 
     # -- batch sink (called on the event loop after every batch) ----------------------------------------
     def on_batch(self, batch: Batch, seconds: float, stats: SplitStats) -> None:

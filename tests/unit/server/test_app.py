@@ -360,7 +360,7 @@ async def test_a_request_with_more_items_than_the_queue_holds_is_a_413_before_pr
 
 
 async def test_requests_beyond_max_concurrent_requests_get_503_with_retry_after():
-    """The limit counts requests from their first byte read to their answer; failed ones leave it."""
+    """The limit counts requests from their arrival at the app to their answer; failed ones leave it."""
     client, svc = await make_client("--max-concurrent-requests", "2")
     app = client._transport.app  # type: ignore[attr-defined]
     release = asyncio.Event()
@@ -374,12 +374,12 @@ async def test_requests_beyond_max_concurrent_requests_get_503_with_retry_after(
     try:
         for _ in range(3):
             assert (await client.post("/v2/models/other/infer", json=body(["x"]))).status_code == 404
-        assert app._in_flight == 0
+        assert app.door.inside == 0
         first = [
             asyncio.create_task(client.post("/v2/models/echo/infer", json=body([f"t{i}"]))) for i in (1, 2)
         ]
         for _ in range(200):
-            if app._in_flight == 2:
+            if app.door.inside == 2:
                 break
             await asyncio.sleep(0.01)
         r = await client.post("/v2/models/echo/infer", json=body(["third"]))
@@ -387,7 +387,7 @@ async def test_requests_beyond_max_concurrent_requests_get_503_with_retry_after(
         assert r.json() == {"error": "2 requests in flight (max_concurrent_requests)"}
         release.set()
         answers = await asyncio.wait_for(asyncio.gather(*first), 5)
-        assert [a.status_code for a in answers] == [200, 200] and app._in_flight == 0
+        assert [a.status_code for a in answers] == [200, 200] and app.door.inside == 0
         assert (await client.post("/v2/models/echo/infer", json=body(["later"]))).status_code == 200
         assert 'reason="overloaded",version="3"} 1.0' in (await client.get("/metrics")).text
     finally:

@@ -1,0 +1,112 @@
+"""Shedding at the door (issue 26): the first thing the application does with an HTTP request.
+
+Every request gets its arrival time (``time.monotonic()``, in ``scope[ARRIVAL]``) the moment the ASGI
+application is called, before routing, middleware or any body is read: an infer request's deadline counts
+from there (:meth:`modelserver.service.ModelService.infer`), so time spent reading, decoding and
+tokenizing is part of it, not only the time in the batch queue.
+
+Infer requests (``POST .../infer`` and ``/v1/embeddings``) are counted from that moment to their answer;
+beyond ``max_concurrent_requests`` the door answers ``503`` with ``Retry-After`` and ``{"error": ...}``
+itself, with two ASGI messages built from constants: no routing, no middleware, no body read, no JSON
+decoding -- a refusal costs the event loop a few microseconds, so an overloaded server spends its CPU on
+the requests it admitted.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.types import Receive, Scope, Send
+
+#: the scope key of a request's arrival time (``time.monotonic()``)
+ARRIVAL = "modelserver.arrival"
+#: OpenAI's embeddings route (modelserver.openai_embeddings): counted and limited as infer requests are
+EMBEDDINGS_PATH = "/v1/embeddings"
+RID_OK = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+def request_id(scope: Scope) -> str:
+    """The caller's ``X-Request-ID`` when it is printable ASCII of at most 128 characters, else a new one."""
+    rid = None
+    for k, v in scope["headers"]:
+        if k == b"x-request-id":
+            s = v.decode("latin-1")
+            if RID_OK.match(s):
+                rid = s
+    return rid if rid is not None else uuid.uuid4().hex
+
+
+def is_infer(scope: Scope) -> bool:
+    path = scope["path"]
+    return scope["method"] == "POST" and (path.endswith("/infer") or path == EMBEDDINGS_PATH)
+
+
+def arrival(scope: Scope) -> float | None:
+    """The request's arrival time, when the door saw it (None for a request that bypassed it)."""
+    t = scope.get(ARRIVAL)
+    return t if isinstance(t, float) else None
+
+
+class Door:
+    """The concurrency bound of the HTTP layer: at most ``limit`` infer requests inside the application.
+
+    ``on_refused(seconds)`` is called for every refusal (the server counts it in its metrics);
+    ``extra_headers`` are added to the refusal (the revision header)."""
+
+    def __init__(
+        self,
+        limit: int,
+        on_refused: Callable[[], None] | None = None,
+        extra_headers: list[tuple[bytes, bytes]] | None = None,
+        retry_after_s: int = 1,
+    ) -> None:
+        self.limit = limit
+        self.inside = 0  # infer requests admitted and not yet answered
+        self.refused = 0
+        self.on_refused = on_refused
+        self.clock: Callable[[], float] = time.monotonic
+        body = orjson.dumps({"error": f"{limit} requests in flight (max_concurrent_requests)"})
+        self._body = body
+        self._headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(retry_after_s).encode()),
+            *(extra_headers or []),
+        ]
+
+    async def __call__(
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Stamp the arrival, then admit ``scope`` into ``app`` or refuse it at once."""
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        scope[ARRIVAL] = self.clock()
+        if not is_infer(scope):
+            await app(scope, receive, send)
+            return
+        if self.inside >= self.limit:
+            await self.refuse(scope, send)
+            return
+        self.inside += 1
+        try:
+            await app(scope, receive, send)
+        finally:
+            self.inside -= 1
+
+    async def refuse(self, scope: Scope, send: Send) -> None:
+        self.refused += 1
+        if self.on_refused is not None:
+            self.on_refused()
+        headers: list[Any] = [*self._headers, (b"x-request-id", request_id(scope).encode())]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": self._body})

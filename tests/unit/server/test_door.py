@@ -1,0 +1,192 @@
+"""Shedding at the door (issue 26): the in-flight bound before anything else, the deadline from arrival,
+and no work on a request whose answer would come after its deadline -- played with overload in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import orjson
+from conftest import fixed_cost
+from modelserver.app import ModelServerApp
+from modelserver.batching import DeadlineExpired
+from modelserver.config import load_settings
+from modelserver.loader import create_model
+from modelserver.service import ModelService
+
+
+async def make_app(*args: str) -> tuple[ModelServerApp, ModelService]:
+    settings = load_settings(
+        ["--model-name", "echo", "--model-version", "3", "--model-uri", "noop://", *args], environ={}
+    )
+    service = ModelService(settings, create_model(settings))
+    app = ModelServerApp(service)
+    await service.start()
+    return app, service
+
+
+def body(texts: list[str], **params: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES", "data": texts}]
+    }
+    if params:
+        doc["parameters"] = params
+    return doc
+
+
+def counting(svc: ModelService) -> list[int]:
+    """The items each batch the model ran held."""
+    ran: list[int] = []
+    assert svc.worker is not None
+    predict = svc.worker.predict
+
+    def spy(payloads: list[Any]) -> Any:
+        ran.append(len(payloads))
+        return predict(payloads)
+
+    svc.worker.predict = spy
+    return ran
+
+
+async def test_the_deadline_counts_from_the_arrival_at_the_door() -> None:
+    """A request that arrived 10 s before it reached the service (a stalled event loop, a slow body) with a
+    1 s timeout is answered 504 + Retry-After and never runs; counted from the service, it would have run."""
+    app, svc = await make_app()
+    ran = counting(svc)
+    app.door.clock = lambda: time.monotonic() - 10.0
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+    try:
+        r = await client.post("/v2/models/echo/infer", json=body(["late"], timeout_ms=1000))
+        assert r.status_code == 504, r.text
+        assert int(r.headers["retry-after"]) >= 1
+        assert "before the request reached the queue" in r.json()["error"]
+        assert ran == []
+        app.door.clock = time.monotonic
+        assert (await client.post("/v2/models/echo/infer", json=body(["on time"]))).status_code == 200
+        assert ran == [1]
+        assert 'reason="timeout",version="3"} 1.0' in (await client.get("/metrics")).text
+    finally:
+        await client.aclose()
+        await svc.drain()
+
+
+async def test_beyond_the_bound_the_door_answers_without_reading_or_routing() -> None:
+    """With the bound reached, a request is answered 503 + Retry-After with a JSON error by the door itself:
+    its body is never read, the application's middleware never sees it (the in-flight gauge does not move),
+    and it is counted as overloaded."""
+    app, svc = await make_app("--max-concurrent-requests", "2")
+    app.door.inside = 2  # two requests admitted and not yet answered
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        raise AssertionError("the door read the body")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v2/models/echo/infer",
+        "headers": [(b"x-request-id", b"abc-1"), (b"content-length", b"100")],
+        "query_string": b"",
+    }
+    try:
+        await app(scope, receive, send)
+        start, end = sent
+        assert start["status"] == 503
+        headers = dict(start["headers"])
+        assert headers[b"retry-after"] == b"1" and headers[b"x-request-id"] == b"abc-1"
+        assert headers[b"content-type"] == b"application/json"
+        assert orjson.loads(end["body"]) == {"error": "2 requests in flight (max_concurrent_requests)"}
+        assert int(headers[b"content-length"]) == len(end["body"])
+        assert svc.metrics.inflight._value.get() == 0
+        assert app.door.inside == 2 and app.door.refused == 1
+        text = svc.metrics.exposition().decode()
+        assert 'reason="overloaded",version="3"} 1.0' in text
+        assert 'modelserver_requests_total{code="503",model="echo",version="3"} 1.0' in text
+    finally:
+        app.door.inside = 0
+        await svc.drain()
+
+
+async def test_a_batch_does_not_run_items_it_would_finish_after_their_deadline(make_queue, make_item, clock):
+    """At dispatch, an item whose deadline falls before the batch's predicted end (by the cost model) fails
+    504 + Retry-After and is left out; the others run."""
+    q = make_queue(cost=fixed_cost(c0=0.05, c2=0.0), max_queue_delay_s=0.0)
+    tight = make_item(length=8, timeout=0.2)
+    ok = [make_item(length=8, timeout=5.0) for _ in range(2)]
+    q.submit([tight, *ok])
+    clock.advance(0.17)  # 30 ms left for a 50 ms batch
+    batch = q.try_form()
+    assert batch is not None and not isinstance(batch, float)
+    assert batch.items == ok
+    assert tight.future is not None and isinstance(tight.future.exception(), DeadlineExpired)
+    exc = tight.future.exception()
+    assert exc.status == 504 and exc.retry_after is not None and exc.retry_after >= 1  # type: ignore[union-attr]
+    assert q.depth == 0
+
+
+async def test_a_batch_of_only_late_items_is_skipped_for_the_next(make_queue, make_item, clock):
+    q = make_queue(cost=fixed_cost(c0=0.05, c2=0.0), max_queue_delay_s=0.0, max_batch_size=1)
+    late = make_item(length=8, timeout=0.04)
+    fine = make_item(length=8, timeout=5.0)
+    q.submit([fine])  # admitted first; the late one is at risk, so it seeds the first batch
+    late.deadline = clock() + 0.04
+    q._items.append(late)
+    late.queued = True
+    batch = q.try_form()
+    assert batch is not None and not isinstance(batch, float) and batch.items == [fine]
+    assert late.future is not None and isinstance(late.future.exception(), DeadlineExpired)
+
+
+async def test_overload_played_in_process_every_answer_in_time_the_rest_refused_and_never_run() -> None:
+    """120 requests at once at a server that runs 4 items per 30 ms batch, admits 16 and gives each 150 ms:
+    the door refuses most at once, the queue refuses or expires what cannot be served in time, and every
+    request answered 200 finished inside its deadline by the server's own clock; every other answer is 503,
+    429 or 504 with Retry-After and a JSON error, and the model ran exactly the items answered 200."""
+    app, svc = await make_app(
+        "--model-uri", "noop://?delay_ms=30", "--max-batch-size", "4", "--max-concurrent-requests", "16"
+    )
+    ran = counting(svc)
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=httpx.Timeout(30.0)
+    )
+    times: dict[str, tuple[float, float]] = {}  # request id -> (deadline, outputs ready)
+    orig_infer = svc.infer
+
+    async def infer(*args: Any, **kw: Any) -> Any:
+        out = await orig_infer(*args, **kw)
+        times[args[3]] = (kw["arrival"] + 0.15, time.monotonic())
+        return out
+
+    svc.infer = infer  # type: ignore[method-assign]
+    try:
+        reqs = [
+            client.post(
+                "/v2/models/echo/infer",
+                json=body([f"t{i}"], timeout_ms=150),
+                headers={"x-request-id": f"r{i}"},
+            )
+            for i in range(120)
+        ]
+        answers = await asyncio.gather(*reqs)
+        codes: dict[int, int] = {}
+        for a in answers:
+            codes[a.status_code] = codes.get(a.status_code, 0) + 1
+            if a.status_code != 200:
+                assert a.status_code in (429, 503, 504), a.text
+                assert int(a.headers["retry-after"]) >= 1
+                assert set(a.json()) == {"error"}
+        ok = [a for a in answers if a.status_code == 200]
+        assert codes.get(503, 0) >= 120 - 16 and ok, codes  # the door refused what it could not admit
+        assert sum(ran) == len(ok)  # nothing refused or late was run
+        assert sorted(times) == sorted(a.headers["x-request-id"] for a in ok)
+        late = {rid: round(done - deadline, 4) for rid, (deadline, done) in times.items() if done > deadline}
+        assert late == {}
+        assert app.door.inside == 0
+    finally:
+        await client.aclose()
+        await svc.drain()
