@@ -147,6 +147,9 @@ def encoder_load(port: int, texts: list[str]) -> dict[str, Any]:
 
 
 def encoders(model: Path, logs: Path) -> dict[str, Any]:
+    import bench.serving
+
+    bench.serving.minilm_dir = lambda: model  # the texts from this tokenizer (no MiniLM package needed)
     work = make_workloads(0, 600)
     out: dict[str, Any] = {}
     vecs = {}
@@ -411,6 +414,54 @@ def big_model(
     return out
 
 
+# -- 4. where a decode step's time goes ---------------------------------------------------------------
+
+
+def step_probe(model: Path, batch: int = 32) -> dict[str, Any]:
+    """The device's launch cost (a 1-element add, synchronized after 2000) and one decode forward of
+    ``model`` at ``batch`` (64-token prompts, DynamicCache): wall ms, and how many GPU kernels it ran."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import AutoModelForCausalLM
+
+    x = torch.zeros(1, device="cuda")
+    for _ in range(100):
+        x.add_(1)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(2000):
+        x.add_(1)
+    torch.cuda.synchronize()
+    launch_us = (time.perf_counter() - t0) / 2000 * 1e6
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16, attn_implementation="sdpa").to(
+        "cuda"
+    )
+    ids = torch.randint(10, 3000, (batch, 64), device="cuda")
+    with torch.no_grad():
+        out = lm(ids, use_cache=True)
+        cache, nxt = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        times = []
+        for _ in range(20):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = lm(nxt, past_key_values=cache, use_cache=True)
+            nxt = out.logits[:, -1:].argmax(-1)
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            lm(nxt, past_key_values=cache, use_cache=True)
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_ms = sum(getattr(e, "device_time", 0) or getattr(e, "cuda_time", 0) for e in kernels) / 1000
+    return {
+        "launch_us": round(launch_us, 1),
+        "decode_forward_ms": round(1000 * float(np.median(times[5:])), 2),
+        "kernels_per_forward": len(kernels),
+        "gpu_busy_ms_per_forward": round(gpu_ms, 2),
+        "batch": batch,
+    }
+
+
 # -- the report ----------------------------------------------------------------------------------------
 
 
@@ -460,6 +511,7 @@ def markdown(res: dict[str, Any]) -> str:
         f"{big.get('ratios')}. Overload: {big.get('overload')}; GPU memory after it: "
         f"{big.get('gpu_memory_mb_after_overload')} MiB.\n"
     )
+    lines.append(f"Decode step probe (0.8 B, bf16): {res.get('decode_step_probe')}.\n")
     return "\n".join(lines)
 
 
@@ -488,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="where gpu.json and gpu.md go")
     ap.add_argument("--skip-peers", action="store_true", help="no transformers serve")
     ap.add_argument(
-        "--parts", default="encoders,exactness,big", help="which of encoders,exactness,big to run"
+        "--parts", default="encoders,exactness,big,probe", help="which of encoders,exactness,big,probe to run"
     )
     ap.add_argument(
         "--server-arg", action="append", default=[], help="one more modelserver argument (generation)"
@@ -541,6 +593,15 @@ def main(argv: list[str] | None = None) -> int:
             if "big" in args.parts:
                 big = with_weights(small, root / "llama-big", "causal", BIG)
                 res["generation_big_bf16"] = big_model(big, logs, requests, count, not args.skip_peers)
+            if "probe" in args.parts and DEVICE[0] == "cuda":
+                big = root / "llama-big"
+                if not big.is_dir():
+                    big = with_weights(small, big, "causal", BIG)
+                try:
+                    res["decode_step_probe"] = step_probe(big)
+                except Exception as exc:  # a probe that fails is reported, the run's results are kept
+                    res["decode_step_probe"] = {"error": f"{type(exc).__name__}: {exc}"}
+                log(f"probe: {res['decode_step_probe']}")
         finally:
             for f in logs.glob("*.log"):
                 print(f"--- {f.name} (tail)\n{f.read_text(errors='replace')[-1500:]}", flush=True)
