@@ -20,7 +20,6 @@ from .analysis import Judgement, Query, Sample, agreement_queries, judge, window
 from .api import (
     API_VERSION,
     KIND,
-    Condition,
     ModelDeployment,
     ModelDeploymentStatus,
     deprecated_fields,
@@ -44,17 +43,10 @@ from .kube import (
     ResourceType,
 )
 from .notify import Notifier, Webhook, notification_for, own_webhooks
-from .plan import EventSpec, Observed, Plan, error_status, plan
+from .plan import EventSpec, Observed, Plan, plan
 from .rollout_types import COMMAND_ANNOTATION, AnalysisRequest, Gates
-from .status import (
-    DEGRADED,
-    PROGRESSING,
-    ConditionSpec,
-    kstatus_conditions,
-    merge_conditions,
-    status_patch,
-    utcnow,
-)
+from .status import status_patch, utcnow
+from .status_build import error_status, invalid_spec_status, invalid_status_patch
 
 log = logging.getLogger(__name__)
 
@@ -487,22 +479,7 @@ class Reconciler:
         meta = raw["metadata"]
         old = raw.get("status") or {}
         st = ModelDeploymentStatus.model_validate(old)
-        now = self.clock()
-        degraded = ConditionSpec(DEGRADED, "True", "InvalidSpec", message)
-        idle = ConditionSpec(PROGRESSING, "False", "InvalidSpec", "")  # for kstatus: Stalled, not Reconciling
-        conds = merge_conditions(
-            st.conditions,
-            [degraded, *kstatus_conditions(idle, degraded)],
-            int(meta.get("generation", 0)),
-            now,
-        )
-        new = st.model_copy(
-            update={
-                "conditions": conds,
-                "phase": "Failed",
-                "observed_generation": int(meta.get("generation", 0)),
-            }
-        )
+        new = invalid_spec_status(st, int(meta.get("generation", 0)), message, self.clock())
         patch = status_patch(old, new)
         writes = 0
         if patch is not None:
@@ -532,13 +509,8 @@ class Reconciler:
         bad = {str(e["loc"][1]) if len(e["loc"]) > 1 else "" for e in errors}
         writes = 0
         if not bad & {"", "conditions", "phase"}:
-            conds = [Condition.model_validate(c) for c in old.get("conditions") or []]
-            wanted = ConditionSpec(DEGRADED, "True", "InvalidStatus", message)
-            new = merge_conditions(conds, [wanted], int(meta.get("generation", 0)), self.clock())
-            want = {"conditions": [c.to_api() for c in new], "phase": "Degraded"}
-            have = {"conditions": [c.to_api() for c in conds], "phase": old.get("phase")}
-            patch = {f: v for f, v in want.items() if have[f] != v}
-            if not patch:
+            patch = invalid_status_patch(old, message, int(meta.get("generation", 0)), self.clock())
+            if patch is None:
                 return Result()  # reported already
             try:
                 self.write_status(raw, patch)

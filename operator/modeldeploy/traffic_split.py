@@ -4,10 +4,10 @@ achieved weight, and the readiness-gate flips that make it so (part of :mod:`mod
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from .rollout_types import Target
-from .status import PodFacts
+from .rollout_types import Decision, Target
+from .status import PodFacts, RevisionCounts
 
 
 def replica_split(replicas: int, weight: int) -> tuple[int, int]:
@@ -69,3 +69,12 @@ def pod_gates(facts: Sequence[PodFacts], targets: Sequence[Target]) -> list[tupl
             if p.gate != ("True" if want else "False"):
                 out.append((p.name, want))
     return sorted(out)
+
+
+def route_weight(decision: Decision, counts: Mapping[str, RevisionCounts]) -> int | None:
+    """The canary's weight in the HTTPRoute: the requested one once a pod of the canary is Ready, 0
+    before -- the route never weights a backend without a ready endpoint (a gateway would answer 503;
+    KServe #5983)."""
+    if decision.canary is None or decision.weight is None:
+        return decision.weight
+    return decision.weight if counts.get(decision.canary, RevisionCounts()).in_traffic > 0 else 0
