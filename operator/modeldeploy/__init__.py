@@ -7,7 +7,8 @@ Modules, by layer (operator -> reconciler -> plan -> canary -> builders -> api):
   (``spec.generation``), :mod:`.api_status`; :mod:`.crdgen` (the CRD YAML from them);
 * pure decisions: :mod:`.builders` (desired children), :mod:`.model_storage` (the fetch init container and
   volumes), :mod:`.plan` (one reconcile's plan), :mod:`.status_build` (the one place status is built),
-  :mod:`.canary` (the rollout state machine) with
+  :mod:`.rollout_decision` (the one place the final Decision is made), :mod:`.canary`
+  (the rollout state machine) with
   :mod:`.rollout_types`, :mod:`.rollout_context`, :mod:`.shadow_stage`, :mod:`.gate_stage` and
   :mod:`.traffic_split`,
   :mod:`.fallback` (the CPU fallback), :mod:`.routing` (Gateway API routes), :mod:`.autoscaling` (KEDA),

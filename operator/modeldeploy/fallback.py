@@ -22,6 +22,7 @@ fallback's CPU and memory, and the fallback's model fields where set: a revision
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -89,7 +90,7 @@ class _Look:
 def adjust(
     md: ModelDeployment,
     decision: Decision,
-    counts: dict[str, RevisionCounts],
+    counts: Mapping[str, RevisionCounts],
     now: datetime,
 ) -> FallbackResult:
     """The decision with the fallback applied (pure)."""

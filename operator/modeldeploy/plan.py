@@ -27,9 +27,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import autoscaling, builders, canary, fallback, routing
+from . import autoscaling, builders, routing
 from . import rollout_types as rt
 from .api import ModelDeployment, ModelDeploymentSpec, ModelDeploymentStatus
+from .rollout_decision import final_decision
 from .status import (
     PodFacts,
     RevisionCounts,
@@ -197,14 +198,7 @@ def plan(
     live_specs = _live_revision_specs(md, deployments)
     rebuilt = rebuild_stable(md, live_specs)
 
-    old_fb = md.status.fallback
-    hold = old_fb is not None and old_fb.state != "Idle" and md.spec.fallback is not None
-    decision = canary.decide(md, current, live_specs, counts, now, measure, probe, hold=hold, gates=gates)
-    if rebuilt is not None:
-        decision.events.append(rebuilt)
-        if decision.degraded_reason is None:
-            decision.degraded_reason, decision.degraded_message = "StableRecreated", rebuilt.message
-    fb = fallback.adjust(md, decision, counts, now)
+    fb = final_decision(md, current, live_specs, counts, now, rebuilt, measure, probe, gates)
     decision = fb.decision
     targets = decision.targets
     mirror = decision.mirror
