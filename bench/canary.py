@@ -28,6 +28,8 @@ from typing import Any
 
 from localcluster.state import REPO_ROOT
 
+from bench.provenance import provenance
+
 RESULTS = REPO_ROOT / "bench" / "results" / "canary.json"
 SCENARIOS = "erroring or slow or fails_back"
 
@@ -114,10 +116,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     args = p.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-canary-"))
+    load_before = [round(x, 2) for x in os.getloadavg()]
     runs = [run_once(i, workdir) for i in range(1, args.runs + 1)]
     doc = {
         "generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "machine": {"cpus": os.cpu_count(), "load_average_after": list(os.getloadavg())},
+        **provenance(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_before": load_before,
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        },
         "scenarios": SCENARIOS,
         "interval_s": 6,
         "failure_limit": 1,

@@ -16,15 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.provenance import commit
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "chaos.json"
 SUITES = ["tests/chaos", "tests/e2e/test_verdict.py"]
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
-    return out.stdout.strip() + ("-dirty" if dirty.strip() else "")
 
 
 def main() -> int:

@@ -33,7 +33,7 @@ from modeldeploy.analysis import judge_queries
 from modeldeploy.api import AnalysisSpec
 from modeldeploy.judge_stats import compare
 
-from bench.chaos import commit
+from bench.provenance import commit
 
 sys.path.insert(0, str(REPO_ROOT))
 from tests.e2e.canary_support import LoadGenerator, md_status, noop_md

@@ -57,6 +57,8 @@ from modeldeploy import builders
 from modeldeploy.api import ModelDeployment
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.provenance import provenance
+
 RESULTS = REPO_ROOT / "bench" / "results" / "operator.json"
 RESULTS_MD = REPO_ROOT / "bench" / "results" / "operator.md"
 OPERATOR_UAS = ("modeldeploy-operator", "kopf/")
@@ -429,7 +431,8 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         "# Operator at scale vs a plain client",
         "",
-        f"{r['when']}; {r['machine']}; load average before {r['load_before']}, after "
+        f"{r['when']}, commit {r.get('commit')}; {r['machine']}; load average before {r['load_before']}, "
+        "after "
         f"{r.get('load_after')} (a shared machine). Command: `{r['command']}`"
         f" ({r['wall_seconds']:.0f} s in all). Pods simulated by kwok; each phase on a fresh local cluster.",
         "",
@@ -493,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     result: dict[str, Any] = {
         "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        **provenance(),
         "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "command": " ".join(["python -m bench.operator", *(sys.argv[1:] if argv is None else argv)]),

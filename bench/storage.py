@@ -56,6 +56,8 @@ from localcluster.objectstore import ObjectStore
 from localcluster.operator_process import OperatorProcess
 from localcluster.state import REPO_ROOT
 
+from bench.provenance import provenance
+
 RESULTS = REPO_ROOT / "bench" / "results" / "storage.json"
 RESULTS_MD = REPO_ROOT / "bench" / "results" / "storage.md"
 NAMESPACE = "bench-storage"
@@ -433,7 +435,8 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [
         "# Model storage: fetch throughput and pod-Ready time with the node cache",
         "",
-        f"{r['when']}; {r['machine']}; load average before {r['load_before']}, after {r['load_after']} "
+        f"{r['when']}, commit {r.get('commit')}; {r['machine']}; load average before {r['load_before']}, "
+        f"after {r['load_after']} "
         f"(a shared machine). Command: `{r['command']}` ({r['wall_seconds']:.0f} s in all, cluster "
         f"bring-up included). Object store: the local cluster's versitygw (POSIX backend, same machine).",
         "",
@@ -503,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     result: dict[str, Any] = {
         "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        **provenance(),
         "machine": f"{os.cpu_count()} CPUs, Python {platform.python_version()}",
         "load_before": [round(x, 2) for x in os.getloadavg()],
         "command": " ".join(["python -m bench.storage", *(sys.argv[1:] if argv is None else argv)]),
