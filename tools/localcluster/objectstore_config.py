@@ -1,7 +1,8 @@
-"""The object store's configuration: versitygw's address, region and command line."""
+"""The object store's configuration: versitygw's address, region and command line, and its root user."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 # The cluster's S3-compatible object store: versitygw (POSIX backend) inside the pod network namespace on
@@ -27,3 +28,10 @@ def versitygw_args(bin_dir: Path, *, listen_ip: str, data_dir: Path, access_log:
         "posix",
         str(data_dir),
     ]
+
+
+def s3_credentials() -> dict[str, str]:
+    """A fresh root user for the object store: an AWS-shaped access key id and secret."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+    access = "LOCAL" + "".join(secrets.choice(alphabet) for _ in range(15))
+    return {"accessKey": access, "secretKey": secrets.token_urlsafe(30)[:40]}
