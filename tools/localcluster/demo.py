@@ -247,6 +247,249 @@ def _plugin(demo: Demo, *args: str) -> None:
     print(res.stdout + res.stderr, end="", flush=True)
 
 
+def _install_operator(demo: Demo) -> None:
+    """The CRDs, established, and the operator as a process of the cluster."""
+    demo.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
+    demo.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/modeldeployments.modeldeploy.io"
+    )
+    demo.start_operator()
+
+
+def _minilm_v1_from_s3(demo: Demo, cluster: Cluster) -> dict[str, Any]:
+    """``examples/minilm-gpu.yaml`` with the model uploaded to the cluster's S3 store (its credentials a
+    Secret) and short canary intervals."""
+    doc = yaml.safe_load((REPO_ROOT / "examples" / "minilm-gpu.yaml").read_text())
+    store = ObjectStore.of_state_dir(cluster.state_dir)
+    store.make_bucket("models")
+    keys = store.upload_dir(Path(minilm_uri().removeprefix("file://")), "models", "minilm/v1")
+    print(f"uploaded {len(keys)} files to s3://models/minilm/v1/ at {store.url} (versitygw)")
+    demo.kubectl(
+        "create", "secret", "generic", "s3-credentials",
+        f"--from-literal=AWS_ACCESS_KEY_ID={store.access_key}",
+        f"--from-literal=AWS_SECRET_ACCESS_KEY={store.secret_key}",
+        show=False,
+    )  # fmt: skip
+    doc["spec"]["model"]["uri"] = "s3://models/minilm/v1/"
+    doc["spec"]["model"]["storage"] = {
+        "endpoint": store.url,
+        "region": store.region,
+        "addressingStyle": "path",
+        "secretRef": {"name": "s3-credentials"},
+        "nodeCache": {"maxSize": "5Gi"},
+    }
+    doc["spec"]["rollout"] = {
+        "steps": [25, 50, 100],
+        "interval": "10s",
+        "analysis": {
+            "maxErrorRate": 0.05,
+            "maxP99LatencyMs": 3000,
+            "minRequests": 10,
+            "failureLimit": 1,
+            "onNoData": "hold",
+            "noDataTimeout": "2m",
+        },
+        "bakeTime": "15s",
+        "keepPrevious": {"replicas": 1, "ttl": "10m"},
+    }
+    return doc
+
+
+def _first_answer(demo: Demo, ns: str, service: str, model: str) -> None:
+    """One request to the model Service's ClusterIP, once it has a ready endpoint and answers."""
+    url = demo.wait("a ready endpoint", lambda: demo.service_url(ns, service), timeout=60)
+    body = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Kubernetes runs models."]}]
+    }
+    print(f"{DIM}POST {url}/v2/models/{model}/infer{RESET}  (the Service's ClusterIP, via kube-proxy)")
+
+    def answer() -> httpx.Response | None:
+        # kube-proxy programs the Service's rules a moment after the endpoint turns ready
+        try:
+            return httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
+        except httpx.ConnectError:
+            return None
+
+    r = demo.wait("the Service to answer", answer, timeout=30)
+    r.raise_for_status()
+    out = r.json()["outputs"][0]
+    head = [round(x, 4) for x in out["data"][:6]]
+    print(f"-> {out['name']} {out['datatype']} shape {out['shape']}: {head} ...")
+
+
+def _serve_v1(demo: Demo, cluster: Cluster) -> tuple[str, str, str, str]:
+    """Act 2: MiniLM v1 Ready and one answer shown. Returns the ModelDeployment's name and namespace, its
+    Service and the model's name."""
+    say(
+        "2. MiniLM v1 on a GPU node, from the cluster's S3 store (examples/minilm-gpu.yaml; an init"
+        " container fetches it through the node cache; short canary intervals for the demo)"
+    )
+    doc = _minilm_v1_from_s3(demo, cluster)
+    name, ns = doc["metadata"]["name"], "default"
+    demo.kubectl("apply", "-f", "-", input=json.dumps(doc))
+    demo.wait("v1 to be Ready", lambda: demo.md_ready(ns, name), timeout=300)
+    demo.kubectl("get", "pods", "-l", f"modeldeploy.io/name={name}", "-o", "wide")
+    avail: dict[str, Any] = next(
+        (c for c in (_md(demo, ns, name).get("status") or {}).get("conditions") or []
+         if c["type"] == "ModelAvailable"),
+        {},
+    )  # fmt: skip
+    print(f"ModelAvailable={avail.get('status')} ({avail.get('reason')}): {avail.get('message')}")
+    service = (_md(demo, ns, name).get("status") or {}).get("serviceName") or name
+    model = doc["spec"]["model"]["name"]
+    _first_answer(demo, ns, service, model)
+    demo.kubectl("get", "md")
+    return name, ns, service, model
+
+
+def _canary_v2(demo: Demo, ns: str, name: str, load: Load) -> str:
+    """Act 3: v2 canaried and promoted, then baked. Returns v1's revision (kept warm)."""
+    say("3. v2: a new revision is canaried (25% -> 50% -> 100%), each step judged by Prometheus")
+    v1 = str((_md(demo, ns, name).get("status") or {}).get("stableRevision"))
+    demo.kubectl("patch", "md", name, "--type=merge", "-p", '{"spec":{"model":{"version":"2"}}}')
+    md = _watch(
+        demo,
+        ns,
+        name,
+        load,
+        lambda m: (
+            (m.get("status") or {}).get("stableRevision") not in (None, v1)
+            and not (m.get("status") or {}).get("canaryRevision")
+        ),
+        300,
+        "v2 promoted",
+    )
+    v2 = md["status"]["stableRevision"]
+    print(f"  v2 ({v2}) promoted; v1 ({v1}) kept warm, out of traffic")
+    _watch(
+        demo,
+        ns,
+        name,
+        load,
+        lambda m: (m.get("status") or {}).get("phase") == "Healthy",
+        120,
+        "bake time",
+    )
+    return v1
+
+
+def _broken_v3(demo: Demo, ns: str, name: str, load: Load) -> None:
+    """Act 4: a broken v3 canaried and rolled back."""
+    say("4. v3: a broken build (fails 30% of requests) is canaried and rolled back automatically")
+    bad = {
+        "spec": {
+            "model": {
+                "version": "3",
+                "uri": "noop://broken-build?fail_rate=0.3&delay_ms=2",
+                "format": "noop",
+                "storage": None,  # the built-in model, not the store
+            }
+        }
+    }
+    demo.kubectl("patch", "md", name, "--type=merge", "-p", json.dumps(bad))
+    _watch(
+        demo,
+        ns,
+        name,
+        load,
+        lambda m: any(h["outcome"] == "RolledBack" for h in (m.get("status") or {}).get("history") or []),
+        300,
+        "v3 rolled back",
+    )
+    _plugin(demo, "status", name)
+
+
+def _failback(demo: Demo, ns: str, name: str, load: Load, v1: str) -> None:
+    """Act 5: a manual failback to the warm v1, its pods and processes unchanged."""
+    say("5. A manual failback to the warm v1: a traffic switch, no cold start")
+    pods_before = demo.pod_containers(ns, v1)
+    switch = time.monotonic()
+    _plugin(demo, "rollback", name)
+    _watch(
+        demo,
+        ns,
+        name,
+        load,
+        lambda m: (m.get("status") or {}).get("stableRevision") == v1,
+        120,
+        "failback",
+    )
+    time.sleep(4)
+    others = [t for v, t in load.last_seen.items() if v != "1"]
+    gone = max(others) - switch if others else 0.0
+    print(f"  last answer from another revision: {gone:.2f}s after the rollback command; since then only v1")
+    pods_after = demo.pod_containers(ns, v1)
+    same = bool(pods_before) and all(pods_after.get(k) == v for k, v in pods_before.items())
+    print(f"  v1 pods and processes unchanged: {same} {sorted(str(c) for c in pods_before.values())}")
+    time.sleep(3)
+
+
+def _shadow_v4(demo: Demo, cluster: Cluster, ns: str, name: str, load: Load, v1: str) -> None:
+    """Act 6: a silently wrong v4 judged by agreement in the shadow stage."""
+    say(
+        "6. v4: silently wrong (a preprocessing bug: every answer 200, fast, and wrong) -- promoted today"
+        " by error/latency checks alone, caught here by agreement before any user saw it"
+    )
+    # under the cluster's state directory: a process pod's /tmp is an emptyDir of its own
+    wrong_dir = Path(tempfile.mkdtemp(prefix="mangled-minilm-", dir=cluster.state_dir))
+    for f in Path(minilm_uri().removeprefix("file://")).iterdir():
+        (wrong_dir / f.name).symlink_to(f)
+    shutil.copy(REPO_ROOT / "examples" / "mangled-minilm" / "handler.py", wrong_dir / "handler.py")
+    wrong = {
+        "spec": {
+            "model": {
+                "version": "4",
+                "uri": wrong_dir.as_uri(),
+                "format": "custom",
+                "handler": "handler.py:Handler",
+                "storage": None,  # a local directory, not the store
+            },
+            "rollout": {
+                "shadow": {"duration": "15s", "sampleRate": 1.0, "minSamples": 30, "minAgreement": 0.99}
+            },
+        }
+    }
+    print("  spec.rollout.shadow: the stable servers copy every request they answer to v4 and compare")
+    demo.kubectl("patch", "md", name, "--type=merge", "-p", json.dumps(wrong))
+    md = _watch(
+        demo,
+        ns,
+        name,
+        load,
+        lambda m: (
+            any(
+                h["outcome"] == "RolledBack" and h.get("measurement", {}).get("metric") == "agreement"
+                for h in (m.get("status") or {}).get("history") or []
+            )
+            or (m.get("status") or {}).get("stableRevision") not in (None, v1)
+        ),
+        300,
+        "v4 judged in the shadow stage",
+    )
+    ms = {m["metric"]: m for m in ((md.get("status") or {}).get("analysis") or {}).get("measurements", [])}
+    for metric in ("error-rate", "shadow-error-rate", "p99-latency-ms", "shadow-samples", "agreement"):
+        if metric in ms:
+            m = ms[metric]
+            value, threshold = m.get("value"), m.get("threshold")
+            print(f"  {metric:<18} {value!s:<10} threshold {threshold!s:<8} {m['verdict']}")
+    print(f"  user answers from v4: {load.ok.get('4', 0)} (the shadow's answers never reach a user)")
+    _plugin(demo, "status", name)
+
+
+def _summary(demo: Demo, ns: str, name: str, load: Load) -> None:
+    """Act 8: what the load generator saw and the decision history."""
+    say("8. Summary")
+    md = _md(demo, ns, name)
+    print(f"load generator: {load.summary()}; errors by kind: {dict(load.errors) or 'none'}")
+    rows = [("time", "revision", "outcome", "reason")]
+    for h in (md.get("status") or {}).get("history") or []:
+        rows.append((h["time"][11:19], h["revision"], h["outcome"], (h.get("reason") or "")[:90]))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
+    for row in rows:
+        print("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+    demo.kubectl("get", "md")
+
+
 def run(state_dir: Path) -> int:
     keep = os.environ.get("DEMO_KEEP", "") not in ("", "0")
     started = time.monotonic()
@@ -257,226 +500,24 @@ def run(state_dir: Path) -> int:
     print(f"Service ClusterIPs: {cluster.service_cidr} (kube-proxy); Gateway: {cluster.gateway_url}")
     load: Load | None = None
     try:
-        demo.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
-        demo.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s", "crd/modeldeployments.modeldeploy.io"
-        )
-        demo.start_operator()
+        _install_operator(demo)
 
-        say(
-            "2. MiniLM v1 on a GPU node, from the cluster's S3 store (examples/minilm-gpu.yaml; an init"
-            " container fetches it through the node cache; short canary intervals for the demo)"
-        )
-        doc = yaml.safe_load((REPO_ROOT / "examples" / "minilm-gpu.yaml").read_text())
-        name, ns = doc["metadata"]["name"], "default"
-        store = ObjectStore.of_state_dir(cluster.state_dir)
-        store.make_bucket("models")
-        keys = store.upload_dir(Path(minilm_uri().removeprefix("file://")), "models", "minilm/v1")
-        print(f"uploaded {len(keys)} files to s3://models/minilm/v1/ at {store.url} (versitygw)")
-        demo.kubectl(
-            "create", "secret", "generic", "s3-credentials",
-            f"--from-literal=AWS_ACCESS_KEY_ID={store.access_key}",
-            f"--from-literal=AWS_SECRET_ACCESS_KEY={store.secret_key}",
-            show=False,
-        )  # fmt: skip
-        doc["spec"]["model"]["uri"] = "s3://models/minilm/v1/"
-        doc["spec"]["model"]["storage"] = {
-            "endpoint": store.url,
-            "region": store.region,
-            "addressingStyle": "path",
-            "secretRef": {"name": "s3-credentials"},
-            "nodeCache": {"maxSize": "5Gi"},
-        }
-        doc["spec"]["rollout"] = {
-            "steps": [25, 50, 100],
-            "interval": "10s",
-            "analysis": {
-                "maxErrorRate": 0.05,
-                "maxP99LatencyMs": 3000,
-                "minRequests": 10,
-                "failureLimit": 1,
-                "onNoData": "hold",
-                "noDataTimeout": "2m",
-            },
-            "bakeTime": "15s",
-            "keepPrevious": {"replicas": 1, "ttl": "10m"},
-        }
-        demo.kubectl("apply", "-f", "-", input=json.dumps(doc))
-        demo.wait("v1 to be Ready", lambda: demo.md_ready(ns, name), timeout=300)
-        demo.kubectl("get", "pods", "-l", f"modeldeploy.io/name={name}", "-o", "wide")
-        avail: dict[str, Any] = next(
-            (c for c in (_md(demo, ns, name).get("status") or {}).get("conditions") or []
-             if c["type"] == "ModelAvailable"),
-            {},
-        )  # fmt: skip
-        print(f"ModelAvailable={avail.get('status')} ({avail.get('reason')}): {avail.get('message')}")
-        service = (_md(demo, ns, name).get("status") or {}).get("serviceName") or name
-        url = demo.wait("a ready endpoint", lambda: demo.service_url(ns, service), timeout=60)
-        model = doc["spec"]["model"]["name"]
-        body = {
-            "inputs": [
-                {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["Kubernetes runs models."]}
-            ]
-        }
-        print(f"{DIM}POST {url}/v2/models/{model}/infer{RESET}  (the Service's ClusterIP, via kube-proxy)")
-
-        def answer() -> httpx.Response | None:
-            # kube-proxy programs the Service's rules a moment after the endpoint turns ready
-            try:
-                return httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
-            except httpx.ConnectError:
-                return None
-
-        r = demo.wait("the Service to answer", answer, timeout=30)
-        r.raise_for_status()
-        out = r.json()["outputs"][0]
-        head = [round(x, 4) for x in out["data"][:6]]
-        print(f"-> {out['name']} {out['datatype']} shape {out['shape']}: {head} ...")
-        demo.kubectl("get", "md")
+        name, ns, service, model = _serve_v1(demo, cluster)
         load = Load(demo, ns, service, model)
         load.start()
         print(f"load generator: ~12 requests/s to the model Service, {load.url}")
         time.sleep(8)
 
-        say("3. v2: a new revision is canaried (25% -> 50% -> 100%), each step judged by Prometheus")
-        v1 = str((_md(demo, ns, name).get("status") or {}).get("stableRevision"))
-        demo.kubectl("patch", "md", name, "--type=merge", "-p", '{"spec":{"model":{"version":"2"}}}')
-        md = _watch(
-            demo,
-            ns,
-            name,
-            load,
-            lambda m: (
-                (m.get("status") or {}).get("stableRevision") not in (None, v1)
-                and not (m.get("status") or {}).get("canaryRevision")
-            ),
-            300,
-            "v2 promoted",
-        )
-        v2 = md["status"]["stableRevision"]
-        print(f"  v2 ({v2}) promoted; v1 ({v1}) kept warm, out of traffic")
-        _watch(
-            demo,
-            ns,
-            name,
-            load,
-            lambda m: (m.get("status") or {}).get("phase") == "Healthy",
-            120,
-            "bake time",
-        )
-
-        say("4. v3: a broken build (fails 30% of requests) is canaried and rolled back automatically")
-        bad = {
-            "spec": {
-                "model": {
-                    "version": "3",
-                    "uri": "noop://broken-build?fail_rate=0.3&delay_ms=2",
-                    "format": "noop",
-                    "storage": None,  # the built-in model, not the store
-                }
-            }
-        }
-        demo.kubectl("patch", "md", name, "--type=merge", "-p", json.dumps(bad))
-        md = _watch(
-            demo,
-            ns,
-            name,
-            load,
-            lambda m: any(h["outcome"] == "RolledBack" for h in (m.get("status") or {}).get("history") or []),
-            300,
-            "v3 rolled back",
-        )
-        _plugin(demo, "status", name)
-
-        say("5. A manual failback to the warm v1: a traffic switch, no cold start")
-        pods_before = demo.pod_containers(ns, v1)
-        switch = time.monotonic()
-        _plugin(demo, "rollback", name)
-        _watch(
-            demo,
-            ns,
-            name,
-            load,
-            lambda m: (m.get("status") or {}).get("stableRevision") == v1,
-            120,
-            "failback",
-        )
-        time.sleep(4)
-        others = [t for v, t in load.last_seen.items() if v != "1"]
-        gone = max(others) - switch if others else 0.0
-        print(
-            f"  last answer from another revision: {gone:.2f}s after the rollback command; since then only v1"
-        )
-        pods_after = demo.pod_containers(ns, v1)
-        same = bool(pods_before) and all(pods_after.get(k) == v for k, v in pods_before.items())
-        print(f"  v1 pods and processes unchanged: {same} {sorted(str(c) for c in pods_before.values())}")
-        time.sleep(3)
-
-        say(
-            "6. v4: silently wrong (a preprocessing bug: every answer 200, fast, and wrong) -- promoted today"
-            " by error/latency checks alone, caught here by agreement before any user saw it"
-        )
-        # under the cluster's state directory: a process pod's /tmp is an emptyDir of its own
-        wrong_dir = Path(tempfile.mkdtemp(prefix="mangled-minilm-", dir=cluster.state_dir))
-        for f in Path(minilm_uri().removeprefix("file://")).iterdir():
-            (wrong_dir / f.name).symlink_to(f)
-        shutil.copy(REPO_ROOT / "examples" / "mangled-minilm" / "handler.py", wrong_dir / "handler.py")
-        wrong = {
-            "spec": {
-                "model": {
-                    "version": "4",
-                    "uri": wrong_dir.as_uri(),
-                    "format": "custom",
-                    "handler": "handler.py:Handler",
-                    "storage": None,  # a local directory, not the store
-                },
-                "rollout": {
-                    "shadow": {"duration": "15s", "sampleRate": 1.0, "minSamples": 30, "minAgreement": 0.99}
-                },
-            }
-        }
-        print("  spec.rollout.shadow: the stable servers copy every request they answer to v4 and compare")
-        demo.kubectl("patch", "md", name, "--type=merge", "-p", json.dumps(wrong))
-        md = _watch(
-            demo,
-            ns,
-            name,
-            load,
-            lambda m: (
-                any(
-                    h["outcome"] == "RolledBack" and h.get("measurement", {}).get("metric") == "agreement"
-                    for h in (m.get("status") or {}).get("history") or []
-                )
-                or (m.get("status") or {}).get("stableRevision") not in (None, v1)
-            ),
-            300,
-            "v4 judged in the shadow stage",
-        )
-        ms = {
-            m["metric"]: m for m in ((md.get("status") or {}).get("analysis") or {}).get("measurements", [])
-        }
-        for metric in ("error-rate", "shadow-error-rate", "p99-latency-ms", "shadow-samples", "agreement"):
-            if metric in ms:
-                m = ms[metric]
-                value, threshold = m.get("value"), m.get("threshold")
-                print(f"  {metric:<18} {value!s:<10} threshold {threshold!s:<8} {m['verdict']}")
-        print(f"  user answers from v4: {load.ok.get('4', 0)} (the shadow's answers never reach a user)")
-        _plugin(demo, "status", name)
+        v1 = _canary_v2(demo, ns, name, load)
+        _broken_v3(demo, ns, name, load)
+        _failback(demo, ns, name, load, v1)
+        _shadow_v4(demo, cluster, ns, name, load, v1)
         load.stop()
 
         say("7. A model that writes: task generation, streamed token by token (localcluster.genmodel)")
         demo_generation.act(demo, ns)
 
-        say("8. Summary")
-        md = _md(demo, ns, name)
-        print(f"load generator: {load.summary()}; errors by kind: {dict(load.errors) or 'none'}")
-        rows = [("time", "revision", "outcome", "reason")]
-        for h in (md.get("status") or {}).get("history") or []:
-            rows.append((h["time"][11:19], h["revision"], h["outcome"], (h.get("reason") or "")[:90]))
-        widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
-        for row in rows:
-            print("  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
-        demo.kubectl("get", "md")
+        _summary(demo, ns, name, load)
         print(f"\ndemo finished in {time.monotonic() - started:.0f}s")
         if keep:
             print(f"cluster kept: kubectl --kubeconfig {cluster.kubeconfig} get md")
