@@ -22,15 +22,18 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="testapp")
     p.add_argument("--host", default=os.environ.get("TESTAPP_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(os.environ.get("TESTAPP_PORT", "8080")))
     p.add_argument("--ready-after", type=float, default=0.0)
     p.add_argument("--unready-file", default="")
     p.add_argument("--exit-after", type=float, default=0.0, help="crash (exit 3) after this many seconds")
-    args = p.parse_args(argv)
-    started = time.monotonic()
+    return p.parse_args(argv)
+
+
+def _handler(args: argparse.Namespace, started: float) -> type[BaseHTTPRequestHandler]:
+    """The request handler: its routes answer from ``args`` and the time the server ``started``."""
     counter = {"requests": 0}
 
     class Handler(BaseHTTPRequestHandler):
@@ -93,7 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         def log_message(self, format: str, *a: object) -> None:
             pass
 
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    started = time.monotonic()
+    server = ThreadingHTTPServer((args.host, args.port), _handler(args, started))
 
     def _term(_signum: int, _frame: object) -> None:
         threading.Thread(target=server.shutdown, daemon=True).start()
