@@ -12,7 +12,9 @@ Load with ``pytest_plugins = ["localcluster.testing"]``.
 
 from __future__ import annotations
 
+import collections
 import json
+import logging
 import os
 import subprocess
 import time
@@ -32,32 +34,83 @@ from .status_record import StatusRecorder
 
 T = TypeVar("T")
 
+log = logging.getLogger("localcluster.testing")
+
 
 class WaitTimeout(AssertionError):
     pass
 
 
+#: what a predicate may raise while what it waits for is not there yet: swallowed, and polled again
+POLLED_ERRORS: tuple[type[Exception], ...] = (
+    KubeError,
+    OSError,
+    KeyError,
+    IndexError,
+    httpx.HTTPError,
+    urllib3.exceptions.HTTPError,
+)
+#: of those, the ones no network or apiserver hiccup explains: a missing key or item ("not there yet" to
+#: most predicates, but also what a predicate that reads the wrong field raises every time)
+NOT_TRANSIENT: tuple[type[Exception], ...] = (KeyError, IndexError)
+
+
+class Swallowed:
+    """What a :func:`wait_for` swallowed: how many of each exception type, and the last of each."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[type[Exception]] = collections.Counter()
+        self.last: dict[type[Exception], Exception] = {}
+
+    def add(self, exc: Exception) -> None:
+        self.counts[type(exc)] += 1
+        self.last[type(exc)] = exc
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def not_transient(self) -> bool:
+        return any(issubclass(t, NOT_TRANSIENT) for t in self.counts)
+
+    def summary(self) -> str:
+        """``KeyError x3 (last: KeyError('status')), ConnectError x1 (last: ...)``, most frequent first."""
+        return ", ".join(f"{t.__name__} x{n} (last: {self.last[t]!r})" for t, n in self.counts.most_common())
+
+
 def wait_for(predicate: Callable[[], T], *, timeout: float = 60, interval: float = 0.25, what: str = "") -> T:
-    """Poll ``predicate`` until it returns a truthy value; fail with ``what`` and the last error."""
-    deadline = time.monotonic() + timeout
+    """Poll ``predicate`` until it returns a truthy value; fail with ``what``, the last error and what was
+    swallowed on the way (:data:`POLLED_ERRORS`: a count per type and the last of each). A success after
+    swallowed :data:`NOT_TRANSIENT` errors is logged, so a predicate that raised for a reason other than
+    "not there yet" shows in the test's log."""
+    started = time.monotonic()
+    deadline = started + timeout
     last_exc: Exception | None = None
+    swallowed = Swallowed()
     while True:
         try:
             value = predicate()
             if value:
+                if swallowed.not_transient:
+                    log.warning(
+                        "waited %.1fs for %r: true after %d swallowed errors: %s",
+                        time.monotonic() - started,
+                        what or predicate,
+                        swallowed.total,
+                        swallowed.summary(),
+                    )
                 return value
-        except (
-            KubeError,
-            OSError,
-            KeyError,
-            IndexError,
-            httpx.HTTPError,
-            urllib3.exceptions.HTTPError,
-        ) as exc:
+        except POLLED_ERRORS as exc:
             last_exc = exc
+            swallowed.add(exc)
         if time.monotonic() >= deadline:
             raise WaitTimeout(
                 f"timed out after {timeout:.0f}s waiting for {what or predicate!r}; last error: {last_exc}"
+                + (f"; swallowed: {swallowed.summary()}" if swallowed else "")
             )
         time.sleep(interval)
 
