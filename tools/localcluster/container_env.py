@@ -9,12 +9,15 @@ import base64
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from . import images
-from .kubeapi import KubeAPI, KubeError
+from .kubeapi import KubeError
+
+if TYPE_CHECKING:
+    from .agent import NodeAgent
 
 log = logging.getLogger("localcluster.agent")
 
@@ -28,23 +31,13 @@ class ContainerEnv:
     """Builds the environment of one pod's containers (:meth:`build`); ``pod_dir`` keeps the pod's
     service-account kubeconfig."""
 
-    def __init__(
-        self,
-        api: KubeAPI,
-        *,
-        ns: str,
-        name: str,
-        uid: str,
-        ip: str,
-        pod_dir: Path,
-        server_for_pods: str,
-        ca_file: str,
-    ) -> None:
-        self.api = api
-        self.ns, self.name, self.uid, self.ip = ns, name, uid, ip
+    def __init__(self, agent: NodeAgent, pod: dict[str, Any], *, ip: str, pod_dir: Path) -> None:
+        self.agent = agent
+        self.uid: str = pod["metadata"]["uid"]
+        self.ns: str = pod["metadata"]["namespace"]
+        self.name: str = pod["metadata"]["name"]
+        self.ip = ip
         self.dir = pod_dir
-        self.server_for_pods = server_for_pods
-        self.ca_file = ca_file
 
     def build(self, container: dict[str, Any], pod: dict[str, Any]) -> dict[str, str]:
         """The container's environment; :class:`ConfigError` when a referenced object or key is missing."""
@@ -71,7 +64,15 @@ class ContainerEnv:
 
     def _object(self, kind: str, name: str) -> dict[str, Any] | None:
         plural = "secrets" if kind == "Secret" else "configmaps"
-        return self.api.get(f"/api/v1/namespaces/{self.ns}/{plural}/{name}", ok_missing=True)
+        return self.agent.api.get(f"/api/v1/namespaces/{self.ns}/{plural}/{name}", ok_missing=True)
+
+    def _referenced(self, kind: str, ref: dict[str, Any]) -> dict[str, Any] | None:
+        """The Secret or ConfigMap ``ref`` names; None when it is missing and ``optional``, else
+        :class:`ConfigError`."""
+        obj = self._object(kind, ref["name"])
+        if obj is None and not ref.get("optional"):
+            raise ConfigError(f'{kind.lower()} "{ref["name"]}" not found')
+        return obj
 
     @staticmethod
     def _data(kind: str, obj: dict[str, Any]) -> dict[str, str]:
@@ -84,11 +85,9 @@ class ContainerEnv:
         for kind, key in (("Secret", "secretRef"), ("ConfigMap", "configMapRef")):
             if key in src:
                 ref = src[key]
-                obj = self._object(kind, ref["name"])
+                obj = self._referenced(kind, ref)
                 if obj is None:
-                    if ref.get("optional"):
-                        return {}
-                    raise ConfigError(f'{kind.lower()} "{ref["name"]}" not found')
+                    return {}
                 return {prefix + k: v for k, v in self._data(kind, obj).items()}
         return {}
 
@@ -111,11 +110,9 @@ class ContainerEnv:
         for kind, ref_key in (("Secret", "secretKeyRef"), ("ConfigMap", "configMapKeyRef")):
             if ref_key in source:
                 ref = source[ref_key]
-                obj = self._object(kind, ref["name"])
+                obj = self._referenced(kind, ref)
                 if obj is None:
-                    if ref.get("optional"):
-                        return None
-                    raise ConfigError(f'{kind.lower()} "{ref["name"]}" not found')
+                    return None
                 data = self._data(kind, obj)
                 if ref["key"] not in data:
                     if ref.get("optional"):
@@ -134,7 +131,7 @@ class ContainerEnv:
             return path
         sa = spec.get("serviceAccountName") or "default"
         try:
-            resp = self.api.create(
+            resp = self.agent.api.create(
                 f"/api/v1/namespaces/{self.ns}/serviceaccounts/{sa}/token",
                 {
                     "apiVersion": "authentication.k8s.io/v1",
@@ -161,8 +158,8 @@ class ContainerEnv:
                 {
                     "name": "in-cluster",
                     "cluster": {
-                        "server": self.server_for_pods,
-                        "certificate-authority": self.ca_file,
+                        "server": self.agent.server_for_pods,
+                        "certificate-authority": self.agent.ca_file,
                     },
                 }
             ],

@@ -347,28 +347,16 @@ def _canary_v2(demo: Demo, ns: str, name: str, load: Load) -> str:
     say("3. v2: a new revision is canaried (25% -> 50% -> 100%), each step judged by Prometheus")
     v1 = str((_md(demo, ns, name).get("status") or {}).get("stableRevision"))
     demo.kubectl("patch", "md", name, "--type=merge", "-p", '{"spec":{"model":{"version":"2"}}}')
-    md = _watch(
-        demo,
-        ns,
-        name,
-        load,
-        lambda m: (
-            (m.get("status") or {}).get("stableRevision") not in (None, v1)
-            and not (m.get("status") or {}).get("canaryRevision")
-        ),
-        300,
-        "v2 promoted",
-    )
+
+    def promoted(m: dict[str, Any]) -> bool:
+        status = m.get("status") or {}
+        return status.get("stableRevision") not in (None, v1) and not status.get("canaryRevision")
+
+    md = _watch(demo, ns, name, load, promoted, 300, "v2 promoted")
     v2 = md["status"]["stableRevision"]
     print(f"  v2 ({v2}) promoted; v1 ({v1}) kept warm, out of traffic")
     _watch(
-        demo,
-        ns,
-        name,
-        load,
-        lambda m: (m.get("status") or {}).get("phase") == "Healthy",
-        120,
-        "bake time",
+        demo, ns, name, load, lambda m: (m.get("status") or {}).get("phase") == "Healthy", 120, "bake time"
     )
     return v1
 
@@ -387,15 +375,11 @@ def _broken_v3(demo: Demo, ns: str, name: str, load: Load) -> None:
         }
     }
     demo.kubectl("patch", "md", name, "--type=merge", "-p", json.dumps(bad))
-    _watch(
-        demo,
-        ns,
-        name,
-        load,
-        lambda m: any(h["outcome"] == "RolledBack" for h in (m.get("status") or {}).get("history") or []),
-        300,
-        "v3 rolled back",
-    )
+
+    def rolled_back(m: dict[str, Any]) -> bool:
+        return any(h["outcome"] == "RolledBack" for h in (m.get("status") or {}).get("history") or [])
+
+    _watch(demo, ns, name, load, rolled_back, 300, "v3 rolled back")
     _plugin(demo, "status", name)
 
 
@@ -406,13 +390,7 @@ def _failback(demo: Demo, ns: str, name: str, load: Load, v1: str) -> None:
     switch = time.monotonic()
     _plugin(demo, "rollback", name)
     _watch(
-        demo,
-        ns,
-        name,
-        load,
-        lambda m: (m.get("status") or {}).get("stableRevision") == v1,
-        120,
-        "failback",
+        demo, ns, name, load, lambda m: (m.get("status") or {}).get("stableRevision") == v1, 120, "failback"
     )
     time.sleep(4)
     others = [t for v, t in load.last_seen.items() if v != "1"]
@@ -451,21 +429,14 @@ def _shadow_v4(demo: Demo, cluster: Cluster, ns: str, name: str, load: Load, v1:
     }
     print("  spec.rollout.shadow: the stable servers copy every request they answer to v4 and compare")
     demo.kubectl("patch", "md", name, "--type=merge", "-p", json.dumps(wrong))
-    md = _watch(
-        demo,
-        ns,
-        name,
-        load,
-        lambda m: (
-            any(
-                h["outcome"] == "RolledBack" and h.get("measurement", {}).get("metric") == "agreement"
-                for h in (m.get("status") or {}).get("history") or []
-            )
-            or (m.get("status") or {}).get("stableRevision") not in (None, v1)
-        ),
-        300,
-        "v4 judged in the shadow stage",
-    )
+
+    def judged(m: dict[str, Any]) -> bool:
+        return any(
+            h["outcome"] == "RolledBack" and h.get("measurement", {}).get("metric") == "agreement"
+            for h in (m.get("status") or {}).get("history") or []
+        ) or (m.get("status") or {}).get("stableRevision") not in (None, v1)
+
+    md = _watch(demo, ns, name, load, judged, 300, "v4 judged in the shadow stage")
     ms = {m["metric"]: m for m in ((md.get("status") or {}).get("analysis") or {}).get("measurements", [])}
     for metric in ("error-rate", "shadow-error-rate", "p99-latency-ms", "shadow-samples", "agreement"):
         if metric in ms:

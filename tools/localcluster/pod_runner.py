@@ -104,16 +104,7 @@ class PodRunner:
                 c.state.waiting_reason = PODINITIALIZING
         self.initialized = not self.init_containers
         self.volumes = PodVolumes(pod, self.dir / "volumes", lookup=self._lookup)
-        self.envs = ContainerEnv(
-            agent.api,
-            ns=self.ns,
-            name=self.name,
-            uid=self.uid,
-            ip=self.ip,
-            pod_dir=self.dir,
-            server_for_pods=agent.server_for_pods,
-            ca_file=agent.ca_file,
-        )
+        self.envs = ContainerEnv(agent, pod, ip=self.ip, pod_dir=self.dir)
         self.state = PodState(
             pod_ip=self.ip,
             start_time=now_rfc3339(),
