@@ -3,13 +3,16 @@ and generate.md with the commit and the machine's load.
 
 Same model files (localcluster.genmodel ``size="bench"``: a 25.6 M-parameter Llama, random weights, seed 0),
 same prompts (token lengths 16-512, output 16-256, both skewed: lognormal, clipped), greedy decoding, the
-same closed-loop clients (``concurrency`` streams at a time, each the next request of one fixed list),
-against, in one run:
+same clients -- closed loop (``concurrency`` streams at a time, each the next request of one fixed list) and
+Poisson arrivals (``RATES`` requests/s, exponential gaps, each request sent as it comes) -- against, in one
+run:
 
-* ``modelserver`` -- this server's generation path (``python -m modelserver --task generation``:
-  transformers' ContinuousBatchingManager behind modelserver.gen_engine's admission, modelserver.gen_app);
+* ``modelserver-own`` -- this server's generation path with its own engine (``python -m modelserver --task
+  generation --engine own``: modelserver.gen_own_engine, slot-based KV cache);
+* ``modelserver-manager`` -- the same server with ``--engine manager``: transformers'
+  ContinuousBatchingManager (paged KV cache) behind the same admission (modelserver.gen_engine);
 * ``transformers-serve`` -- the library's own server, ``transformers serve --continuous-batching`` with
-  the same KV cache (blocks of 32 tokens, 16384 tokens) and per-step token budget (512);
+  the same KV cache (blocks of 32 tokens, ``KV_TOKENS``) and per-step token budget (512);
 * ``naive`` -- ``transformers serve`` without continuous batching: ``generate()`` per request;
 * ``limit`` -- the model's batched decode step alone, no server: ``generate()`` on a batch of
   ``concurrency`` equal prompts, decode tokens per second (the 64-token run less the 1-token run).
@@ -17,11 +20,12 @@ against, in one run:
 Every server runs on one CPU (``taskset``, one torch thread), the clients on the others. Streams use the
 OpenAI ``/v1/completions`` API with ``stream: true``; a client measures TTFT (sent -> first text event),
 the gaps between text events (inter-token) and the output tokens of each answer (``usage``, else the
-tokenizer's count of the text). Output tokens/s = the answers' tokens / the run's makespan.
+tokenizer's count of the text). Output tokens/s = the answers' tokens / the run's makespan. modelserver's
+KV cache use (``modelserver_generation_kv_cache_usage_ratio``) is polled during every run.
 
-Overload (``modelserver`` only): 4x more concurrent streams than it admits (running + waiting sequences):
-what they got (200, 429 with ``Retry-After``, 503), whether the server lived, its peak RSS against the KV
-cache's budget.
+Overload (each modelserver engine): 4x more concurrent streams than it admits (running + waiting
+sequences): what they got (200, 429 with ``Retry-After``, 503), whether the server lived, its peak RSS
+against the KV cache's budget.
 
 Targets (issue 25), at concurrency 32: output tokens/s >= 1.5x transformers-serve and >= 5x naive, TTFT p99
 no worse than transformers-serve's; >= 70 % of the limit.
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -45,11 +50,17 @@ from typing import Any
 
 import httpx
 import numpy as np
+from localcluster.promtext import sample_sum
 
+from bench.generate_report import ENGINES, kv_bytes_per_token, markdown, ratios_of
 from bench.serving import HOST, RESULTS, Proc, log
 
 CONCURRENCY = (1, 8, 32, 64)
-KV_TOKENS, PAGE, BATCH_TOKENS, RUNNING, WAITING = 16384, 32, 512, 32, 64
+#: Poisson arrivals: requests per second, and requests per rate
+RATES, POISSON_REQUESTS = (1.5, 4.0), 40
+#: 24576 = 32 running sequences x 768 tokens (the longest request: 512 + 256): the own engine's slots each
+#: hold the longest request; every server gets the same cache
+KV_TOKENS, PAGE, BATCH_TOKENS, RUNNING, WAITING = 24576, 32, 512, 32, 64
 
 
 def commit() -> str:
@@ -140,6 +151,47 @@ async def closed_loop(
     return recs, makespan
 
 
+async def poisson(
+    url: str, requests: list[dict[str, Any]], rate: float, extra: dict[str, Any], count: Any, seed: int = 1
+):
+    """The requests sent at Poisson arrivals of ``rate`` per second (exponential gaps), each as it comes,
+    whatever is still running."""
+    rnd = random.Random(seed)
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=None)) as client:
+        t0 = time.monotonic()
+        tasks = []
+        for r in requests:
+            await asyncio.sleep(rnd.expovariate(rate))
+            body = {"model": "bench-llama", **r, "temperature": 0, "stream": True, **extra}
+            tasks.append(asyncio.create_task(one_stream(client, url, body, count)))
+        recs = list(await asyncio.gather(*tasks))
+        makespan = time.monotonic() - t0
+    return recs, makespan
+
+
+async def kv_polled(url: str | None, run: Any) -> tuple[Any, dict[str, float] | None]:
+    """``run`` (a coroutine) with modelserver's KV cache use polled every 0.25 s: mean and max."""
+    if url is None:
+        return await run, None
+    seen: list[float] = []
+
+    async def poll() -> None:
+        async with httpx.AsyncClient(timeout=5) as c:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    text = (await c.get(url + "/metrics")).text
+                    seen.append(sample_sum(text, "modelserver_generation_kv_cache_usage_ratio"))
+                await asyncio.sleep(0.25)
+
+    task = asyncio.create_task(poll())
+    try:
+        out = await run
+    finally:
+        task.cancel()
+    kv = {"mean": round(sum(seen) / len(seen), 3), "max": round(max(seen), 3)} if seen else None
+    return out, kv
+
+
 def summary(recs: list[dict[str, Any]], makespan: float) -> dict[str, Any]:
     ok = [r for r in recs if r["code"] == 200]
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
@@ -189,9 +241,10 @@ class Server(Proc):
         return float("nan")
 
 
-def modelserver_args(model: Path) -> list[str]:
+def modelserver_args(model: Path, engine: str) -> list[str]:
     return [
         "-m", "modelserver", "--model-uri", f"file://{model}", "--model-name", "bench-llama",
+        "--engine", engine,
         "--task", "generation", "--host", HOST, "--port", "{port}", "--num-threads", "1",
         "--kv-cache-tokens", str(KV_TOKENS), "--kv-page-size", str(PAGE),
         "--max-batch-tokens", str(BATCH_TOKENS), "--max-running-sequences", str(RUNNING),
@@ -235,16 +288,39 @@ def decode_limit(model_dir: Path, batch: int, prompt_tokens: int = 64, new: int 
 # -- the run ---------------------------------------------------------------------------------------
 
 
-def run_server(server: Server, requests: list[dict[str, Any]], levels: tuple[int, ...], extra: dict[str, Any],
-               count: Any) -> dict[str, Any]:  # fmt: skip
-    server.wait()
-    asyncio.run(closed_loop(server.url, requests[:4], 2, extra, count))  # warm-up
-    out: dict[str, Any] = {}
+def slices(levels: tuple[int, ...]) -> dict[str, slice]:
+    """Which requests of the workload each run sends: the same for every server, and no prompt twice in
+    one server's runs -- transformers' manager caches prompt prefixes (``allow_block_sharing``), so a prompt
+    sent again would be prefilled from its cache, and the run would measure that cache, not the engine."""
+    out, at = {"warm-up": slice(0, 4)}, 4
     for c in levels:
         n = max(8, min(2 * c, 96))
-        recs, makespan = asyncio.run(closed_loop(server.url, requests[:n], c, extra, count))
-        out[str(c)] = summary(recs, makespan)
-        log(f"{server.name} concurrency {c}: {out[str(c)]}")
+        out[f"closed {c}"], at = slice(at, at + n), at + n
+    for rate in RATES:
+        out[f"poisson {rate}"], at = slice(at, at + POISSON_REQUESTS), at + POISSON_REQUESTS
+    return out
+
+
+def run_server(server: Server, requests: list[dict[str, Any]], levels: tuple[int, ...], extra: dict[str, Any],
+               count: Any, kv_url: str | None = None, all_levels: tuple[int, ...] = CONCURRENCY
+               ) -> dict[str, Any]:  # fmt: skip
+    """Closed-loop clients at each of ``levels``, then Poisson arrivals at each rate; the requests of each
+    run are those :func:`slices` gives for ``all_levels`` (the same for every server)."""
+    server.wait()
+    parts = slices(all_levels)
+    asyncio.run(closed_loop(server.url, requests[parts["warm-up"]], 2, extra, count))
+    out: dict[str, Any] = {"closed": {}, "poisson": {}}
+    for c in levels:
+        (recs, makespan), kv = asyncio.run(
+            kv_polled(kv_url, closed_loop(server.url, requests[parts[f"closed {c}"]], c, extra, count))
+        )
+        out["closed"][str(c)] = {**summary(recs, makespan), "kv_cache_usage": kv}
+        log(f"{server.name} concurrency {c}: {out['closed'][str(c)]}")
+    for rate in RATES:
+        run = poisson(server.url, requests[parts[f"poisson {rate}"]], rate, extra, count)
+        (recs, makespan), kv = asyncio.run(kv_polled(kv_url, run))
+        out["poisson"][str(rate)] = {**summary(recs, makespan), "kv_cache_usage": kv}
+        log(f"{server.name} Poisson {rate}/s: {out['poisson'][str(rate)]}")
     return out
 
 
@@ -275,6 +351,7 @@ def overload(server: Server, requests: list[dict[str, Any]], count: Any) -> dict
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.generate")
     p.add_argument("--levels", default=",".join(map(str, CONCURRENCY)))
+    p.add_argument("--engines", default="own,manager", help="modelserver's --engine values to run")
     p.add_argument(
         "--skip-tserve", action="store_true", help="without transformers serve (no openai package)"
     )
@@ -285,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = genmodel.cached(seed=0, size="bench")
     tok = AutoTokenizer.from_pretrained(model)
-    requests = workload(tok, 128)
+    requests = workload(tok, max(s.stop for s in slices(levels).values()))
 
     def count(text: str) -> int:
         return len(tok(text, add_special_tokens=False)["input_ids"])
@@ -294,17 +371,21 @@ def main(argv: list[str] | None = None) -> int:
     load_before = [round(x, 2) for x in os.getloadavg()]
     res: dict[str, Any] = {"commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     logs = Path(tempfile.mkdtemp(prefix="bench-generate-"))
-    ours = Server(modelserver_args(model), "modelserver", logs, cpu, "/v2/health/ready")
-    try:
-        res["modelserver"] = run_server(
-            ours, requests, levels, {"stream_options": {"include_usage": True}}, count
-        )
-        idle_rss = ours.rss_peak_mb()
-        res["overload"] = {**overload(ours, requests, count), "rss_peak_mb_before": round(idle_rss, 1),
-                           "rss_peak_mb_after": round(ours.rss_peak_mb(), 1)}  # fmt: skip
-        log(f"overload: {res['overload']}")
-    finally:
-        ours.stop()
+    usage = {"stream_options": {"include_usage": True}}
+    for engine in args.engines.split(","):
+        name = f"modelserver-{engine}"
+        ours = Server(modelserver_args(model, engine), name, logs, cpu, "/v2/health/ready")
+        try:
+            res[name] = run_server(ours, requests, levels, usage, count, kv_url=ours.url, all_levels=levels)
+            idle_rss = ours.rss_peak_mb()
+            res[name]["overload"] = {
+                **overload(ours, requests, count),
+                "rss_peak_mb_before": round(idle_rss, 1),
+                "rss_peak_mb_after": round(ours.rss_peak_mb(), 1),
+            }
+            log(f"{name} overload: {res[name]['overload']}")
+        finally:
+            ours.stop()
     if not args.skip_tserve:
         for name, cb, lv in (
             ("transformers-serve", True, levels),
@@ -313,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
             srv = Server(tserve_args(model, cb), name, logs, cpu, "/health")
             try:
                 # transformers serve is pinned to the model it was started with: it refuses another name
-                res[name] = run_server(srv, requests, lv, {"model": str(model)}, count)
+                res[name] = run_server(srv, requests, lv, {"model": str(model)}, count, all_levels=levels)
             finally:
                 srv.stop()
     pin = ["taskset", "-c", cpu]
@@ -335,66 +416,20 @@ def main(argv: list[str] | None = None) -> int:
         "server_cpu": cpu,
         "kv_cache_budget_mb": round(KV_TOKENS * kv_bytes_per_token(model) / 2**20, 1),
     }
-    res["ratios"] = ratios(res)
+    res["config"] = {
+        "kv_cache_tokens": KV_TOKENS,
+        "max_batch_tokens": BATCH_TOKENS,
+        "running": RUNNING,
+        "waiting": WAITING,
+        "rates": list(RATES),
+        "poisson_requests": POISSON_REQUESTS,
+    }
+    res["ratios"] = {name: ratios_of(res, name) for name in ENGINES if name in res}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "generate.json").write_text(json.dumps(res, indent=2, sort_keys=True))
     (RESULTS / "generate.md").write_text(markdown(res))
     print(markdown(res))
     return 0
-
-
-def kv_bytes_per_token(model: Path) -> int:
-    c = json.loads((model / "config.json").read_text())
-    head = c["hidden_size"] // c["num_attention_heads"]
-    return int(c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head * 4)
-
-
-def ratios(res: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    ours = res.get("modelserver", {})
-    for c, s in ours.items():
-        r: dict[str, Any] = {}
-        for other in ("transformers-serve", "naive"):
-            o = res.get(other, {}).get(c)
-            if o and o["output_tokens_per_s"]:
-                r[f"tokens_per_s_vs_{other}"] = round(s["output_tokens_per_s"] / o["output_tokens_per_s"], 2)
-                if o["ttft_p99_s"] and s["ttft_p99_s"]:
-                    r[f"ttft_p99_vs_{other}"] = round(s["ttft_p99_s"] / o["ttft_p99_s"], 2)
-        lim = res.get("limit_decode_tokens_per_s", {}).get(c)
-        if lim:
-            r["share_of_limit"] = round(s["output_tokens_per_s"] / lim, 2)
-        out[c] = r
-    return out
-
-
-def markdown(res: dict[str, Any]) -> str:
-    m = res["machine"]
-    lines = [
-        "# bench-generate",
-        "",
-        f"Commit {res['commit']}, {res['date']}. {m['cpus']} CPUs ({m['cpu_model']}); every server on CPU "
-        f"{m['server_cpu']} with one torch thread; load average before/after {m['loadavg_before']} / "
-        f"{m['loadavg_after']}. Model: localcluster.genmodel size bench (25.6 M parameters), greedy; "
-        f"KV cache {KV_TOKENS} tokens ({m['kv_cache_budget_mb']} MiB), {BATCH_TOKENS} tokens per step. "
-        "Written by `make bench-generate` (bench/generate.py).",
-        "",
-        "| server | concurrency | requests | output tok/s | TTFT p50 / p99 s | inter-token p99 s |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name in ("modelserver", "transformers-serve", "naive"):
-        for c, s in res.get(name, {}).items():
-            lines.append(
-                f"| {name} | {c} | {s['ok']}/{s['requests']} | {s['output_tokens_per_s']} | "
-                f"{s['ttft_p50_s']} / {s['ttft_p99_s']} | {s['inter_token_p99_s']} |"
-            )
-    lines += [
-        "",
-        "Limit (batched decode alone, tok/s): " + json.dumps(res.get("limit_decode_tokens_per_s")),
-        "",
-    ]
-    lines += ["Ratios of modelserver (same run): ", "", "```", json.dumps(res["ratios"], indent=1), "```", ""]
-    lines += ["Overload (modelserver): ", "", "```", json.dumps(res.get("overload"), indent=1), "```", ""]
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -120,10 +120,10 @@ class Settings(BaseSettings):
     )
     max_queue_size: int = Field(1024, ge=1, description="maximum queued items; beyond it requests get 503")
     max_concurrent_requests: int = Field(
-        256,
+        128,
         ge=1,
-        description="infer requests in flight at once (reading, decoding, queued); beyond it requests get"
-        " 503 with Retry-After",
+        description="infer requests inside the server at once, from their arrival to their answer (reading,"
+        " decoding, queued, running); beyond it the door answers 503 with Retry-After at once",
     )
     max_sequence_length: int = Field(
         0, ge=0, description="maximum tokens per text input (0 = the model's limit)"
@@ -160,6 +160,12 @@ class Settings(BaseSettings):
         description="generation: KV cache size in tokens (all sequences together; also caps the context)",
     )
     kv_page_size: int = Field(32, ge=1, description="generation: tokens per KV cache block")
+    max_context_tokens: int = Field(
+        0,
+        ge=0,
+        description="generation, own engine: tokens of one sequence (prompt + answer), at most -- the KV"
+        " cache holds kv-cache-tokens / this sequences at once; 0 = kv-cache-tokens / max-running-sequences",
+    )
     max_batch_tokens: int = Field(
         512, ge=1, description="generation: tokens per engine step (prefill chunks and decode steps together)"
     )

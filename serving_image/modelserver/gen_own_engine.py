@@ -88,16 +88,25 @@ class OwnEngine:
     seeds_per_request = True  # a sampled sequence draws from its own generator (modelserver.gen_engine)
 
     def __init__(
-        self, model: Any, *, kv_cache_tokens: int, max_batch_tokens: int, max_sequences: int
+        self,
+        model: Any,
+        *,
+        kv_cache_tokens: int,
+        max_batch_tokens: int,
+        max_sequences: int,
+        max_context: int = 0,
     ) -> None:
+        """``max_context`` tokens per slot (0: the cache's tokens / ``max_sequences``); as many slots as the
+        cache then holds, at most ``max_sequences``."""
         cfg = model.config
         gen_slots.register()
         self._attn_before = cfg._attn_implementation
         model.set_attn_implementation(gen_slots.ATTN_NAME)  # without slot_cache=True it is sdpa
         self.model = model.eval()
-        self.slots = max(1, min(max_sequences, kv_cache_tokens))
         positions = int(getattr(cfg, "max_position_embeddings", kv_cache_tokens))
-        self.max_len = min(kv_cache_tokens // self.slots, positions)
+        wanted = max_context or kv_cache_tokens // max(1, max_sequences)
+        self.max_len = max(1, min(wanted, positions, kv_cache_tokens))
+        self.slots = max(1, min(max_sequences, kv_cache_tokens // self.max_len))
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         param = next(model.parameters())
@@ -293,10 +302,14 @@ class OwnEngine:
 
 
 def build_own_engine(
-    model: Any, *, kv_cache_tokens: int, max_batch_tokens: int, max_sequences: int
+    model: Any, *, kv_cache_tokens: int, max_batch_tokens: int, max_sequences: int, max_context: int = 0
 ) -> OwnEngine:
     engine = OwnEngine(
-        model, kv_cache_tokens=kv_cache_tokens, max_batch_tokens=max_batch_tokens, max_sequences=max_sequences
+        model,
+        kv_cache_tokens=kv_cache_tokens,
+        max_batch_tokens=max_batch_tokens,
+        max_sequences=max_sequences,
+        max_context=max_context,
     )
     engine.start()
     log.info(

@@ -68,12 +68,12 @@ def load(settings: Settings) -> tuple[GenerationEngine, object]:
     )
     model = model.to(device)  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(path)
-    manager, context = start_engine(model, settings)
+    manager, context, running = start_engine(model, settings)
     limits = Limits(
         context=context,
         max_tokens=min(settings.max_new_tokens, context - 1),
         max_waiting=settings.max_waiting_sequences,
-        max_running=settings.max_running_sequences,
+        max_running=running,
         priority_levels=settings.priority_levels,
         default_priority=settings.default_priority,
         max_timeout_s=settings.max_timeout_ms / 1000.0,
@@ -87,10 +87,10 @@ def load(settings: Settings) -> tuple[GenerationEngine, object]:
     return engine, tokenizer
 
 
-def start_engine(model: object, settings: Settings) -> tuple[object, int]:
-    """The loop that runs the model (``--engine``) and the context it allows: the own engine's slot length
-    (the KV cache's tokens / ``--max-running-sequences``), the manager's whole cache; at most the model's
-    positions."""
+def start_engine(model: object, settings: Settings) -> tuple[object, int, int]:
+    """The loop that runs the model (``--engine``), the context it allows and the sequences it runs at once:
+    the own engine's slot length (``--max-context-tokens``, else the KV cache's tokens /
+    ``--max-running-sequences``) and slots, the manager's whole cache; at most the model's positions."""
     if settings.engine == "own":
         from .gen_own_engine import build_own_engine
 
@@ -99,8 +99,9 @@ def start_engine(model: object, settings: Settings) -> tuple[object, int]:
             kv_cache_tokens=settings.kv_cache_tokens,
             max_batch_tokens=settings.max_batch_tokens,
             max_sequences=settings.max_running_sequences,
+            max_context=settings.max_context_tokens,
         )
-        return own, own.max_len
+        return own, own.max_len, own.slots
     positions = int(getattr(getattr(model, "config", None), "max_position_embeddings", 2048))
     manager = build_manager(
         model,
@@ -109,7 +110,7 @@ def start_engine(model: object, settings: Settings) -> tuple[object, int]:
         max_batch_tokens=settings.max_batch_tokens,
         max_sequences=settings.max_running_sequences,
     )
-    return manager, min(positions, settings.kv_cache_tokens)
+    return manager, min(positions, settings.kv_cache_tokens), settings.max_running_sequences
 
 
 async def serve_generation(settings: Settings) -> int:

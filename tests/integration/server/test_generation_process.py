@@ -24,7 +24,7 @@ def test_streams_disconnects_and_drain_of_a_generation_server(tmp_path: Path) ->
     model = genmodel.cached(seed=0, size="test")
     srv = ServerProcess(
         ["--model-uri", f"file://{model}", "--num-threads", "1", "--kv-cache-tokens", "2048",
-         "--max-new-tokens", "400", "--drain-timeout-s", "60"],
+         "--max-context-tokens", "512", "--max-new-tokens", "400", "--drain-timeout-s", "60"],
         tmp_path / "gen.log", name="tiny",
     )  # fmt: skip
     try:
