@@ -348,6 +348,41 @@ def overload(server: Server, requests: list[dict[str, Any]], count: Any) -> dict
     }
 
 
+def run_modelserver(
+    server: Server, requests: list[dict[str, Any]], levels: tuple[int, ...], count: Any
+) -> dict[str, Any]:
+    """One modelserver engine: the runs (KV cache use polled), then the overload, then it stops."""
+    usage = {"stream_options": {"include_usage": True}}
+    try:
+        out = run_server(server, requests, levels, usage, count, kv_url=server.url, all_levels=levels)
+        idle_rss = server.rss_peak_mb()
+        out["overload"] = {
+            **overload(server, requests, count),
+            "rss_peak_mb_before": round(idle_rss, 1),
+            "rss_peak_mb_after": round(server.rss_peak_mb(), 1),
+        }
+        log(f"{server.name} overload: {out['overload']}")
+        return out
+    finally:
+        server.stop()
+
+
+def decode_limits(model: Path, levels: tuple[int, ...], cpu: str) -> dict[str, float]:
+    """The decode limit at each concurrency, each in a process of its own on the servers' CPU."""
+    out = {}
+    for c in levels:
+        code = (
+            "from bench.generate import decode_limit; from pathlib import Path; "
+            f"print(decode_limit(Path('{model}'), {c}))"
+        )
+        run = subprocess.run(
+            ["taskset", "-c", cpu, sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        out[str(c)] = round(float(run.stdout.strip().splitlines()[-1]), 1)
+        log(f"limit batch {c}: {out[str(c)]} tok/s")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.generate")
     p.add_argument("--levels", default=",".join(map(str, CONCURRENCY)))
@@ -371,21 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     load_before = [round(x, 2) for x in os.getloadavg()]
     res: dict[str, Any] = {"commit": commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     logs = Path(tempfile.mkdtemp(prefix="bench-generate-"))
-    usage = {"stream_options": {"include_usage": True}}
     for engine in args.engines.split(","):
-        name = f"modelserver-{engine}"
-        ours = Server(modelserver_args(model, engine), name, logs, cpu, "/v2/health/ready")
-        try:
-            res[name] = run_server(ours, requests, levels, usage, count, kv_url=ours.url, all_levels=levels)
-            idle_rss = ours.rss_peak_mb()
-            res[name]["overload"] = {
-                **overload(ours, requests, count),
-                "rss_peak_mb_before": round(idle_rss, 1),
-                "rss_peak_mb_after": round(ours.rss_peak_mb(), 1),
-            }
-            log(f"{name} overload: {res[name]['overload']}")
-        finally:
-            ours.stop()
+        ours = Server(modelserver_args(model, engine), f"modelserver-{engine}", logs, cpu, "/v2/health/ready")
+        res[ours.name] = run_modelserver(ours, requests, levels, count)
     if not args.skip_tserve:
         for name, cb, lv in (
             ("transformers-serve", True, levels),
@@ -397,17 +420,7 @@ def main(argv: list[str] | None = None) -> int:
                 res[name] = run_server(srv, requests, lv, {"model": str(model)}, count, all_levels=levels)
             finally:
                 srv.stop()
-    pin = ["taskset", "-c", cpu]
-    limit = {}
-    for c in levels:
-        code = (
-            "from bench.generate import decode_limit; from pathlib import Path; "
-            f"print(decode_limit(Path('{model}'), {c}))"
-        )
-        out = subprocess.run([*pin, sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        limit[str(c)] = round(float(out.stdout.strip().splitlines()[-1]), 1)
-        log(f"limit batch {c}: {limit[str(c)]} tok/s")
-    res["limit_decode_tokens_per_s"] = limit
+    res["limit_decode_tokens_per_s"] = decode_limits(model, levels, cpu)
     res["machine"] = {
         "cpus": os.cpu_count(),
         "cpu_model": platform.processor() or platform.machine(),
