@@ -12,17 +12,18 @@ side by side, are in docs/server.md (``make bench-generate``). What the loops la
   ``max_waiting`` sequences not yet started, a request gets :class:`GenerationQueueFull` (429 with
   ``Retry-After``).
 * **A freed slot on disconnect.** Leaving :meth:`GenerationEngine.stream` before the end (the client went
-  away, a stop string was found) cancels the request in the manager, which frees its cache blocks.
-* **Per-request sampling**: temperature, top-p, top-k through the manager's per-request processors.
+  away, a stop string was found) cancels the request in the loop, which frees its slot or cache blocks.
+* **Per-request sampling**: temperature, top-p, top-k (the own engine per row, the manager through its
+  per-request processors).
   Greedy decoding is top-k 1 (the highest logit, deterministic), so greedy and sampled requests share one
   batch. The own engine draws each sampled sequence from its own generator, seeded by the request's
   ``seed``; the manager seeds one generator for all requests, so with it a ``seed`` for a sampled request
   is refused (greedy needs none).
 * **Counts** for the metrics: waiting (admitted, no token yet) and running sequences, KV cache use.
 
-* **Priorities, deadlines and preemption by recompute** (modelserver.gen_schedule): the manager schedules
-  first-come first-served, so this engine hands it at most ``max_running`` sequences at a time, chosen by
-  a :class:`~modelserver.gen_schedule.Gate`.
+* **Priorities, deadlines and preemption by recompute** (modelserver.gen_schedule): both loops schedule
+  first-come first-served, so this engine hands them at most ``max_running`` sequences at a time, chosen
+  by a :class:`~modelserver.gen_schedule.Gate`.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class Limits:
     context: int  # prompt + generated tokens, at most (the model's positions, and the KV cache)
     max_tokens: int  # generated tokens per request, at most
     max_waiting: int  # sequences admitted and not yet started, at most
-    max_running: int = 32  # sequences the manager runs at once (the gate's places)
+    max_running: int = 32  # sequences the loop runs at once (the gate's places)
     priority_levels: int = 3  # priorities 1 (the highest) .. this, as the encoder queue's
     default_priority: int = 2  # of requests that do not set one
     max_timeout_s: float = 60.0  # a request's timeout_ms, capped
