@@ -124,10 +124,13 @@ cluster-down: venv
 demo: deps
 	$(PY) -m localcluster demo
 
+# mosec, the peer of bench.serving_mosec, is installed here, for the bench only
 bench-serving: venv
+	$(PY) -m pip install --quiet "mosec==0.9.8"
 	$(PY) -m bench.serving
 	$(PY) -m bench.serving_cpu
 	$(PY) -m bench.serving_shadow
+	$(PY) -m bench.serving_mosec
 
 # the shadow mirror's cost alone (also part of bench-serving)
 bench-serving-shadow: venv

