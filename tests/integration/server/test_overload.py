@@ -139,7 +139,7 @@ def classify(outcomes: list[Outcome]) -> Counter[str]:
 @pytest.fixture
 def server(tmp_path):
     srv = ServerProcess(
-        ["--model-uri", f"file://{minilm_dir()}", "--num-threads", "2", "--max-concurrent-requests", "64"],
+        ["--model-uri", f"file://{minilm_dir()}", "--num-threads", "2"],  # the default bound (128)
         tmp_path / "server.log",
         name="minilm",
     )
