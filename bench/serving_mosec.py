@@ -15,7 +15,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -155,8 +157,7 @@ def main() -> int:
             "deadline_ms": DEADLINE_MS,
         },
     }
-    log_dir = RESULTS / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-serving-mosec-"))  # the servers' logs
     ms_args = modelserver_args(
         THREADS, "--max-batch-size", str(MAX_BATCH), "--max-queue-delay-ms", str(WAIT_MS)
     )
