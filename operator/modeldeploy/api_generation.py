@@ -5,6 +5,8 @@ server's defaults (the same numbers)."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from .api_base import ApiModel
@@ -36,6 +38,19 @@ class GenerationSpec(ApiModel):
         description="Sequences admitted and not started; beyond, 429 + Retry-After.",
     )
     max_new_tokens: int = Field(default=1024, ge=1, le=1_048_576, description="max_tokens a request may ask.")
+    engine: Literal["auto", "own", "manager"] = Field(
+        default="auto",
+        description="The loop that runs the model: own (slot-based KV cache; on the CPU 1.58x transformers"
+        " serve at 32 streams) or manager (transformers' ContinuousBatchingManager, paged); auto = own on the"
+        " CPU, manager on a GPU (where the own engine is not measured yet).",
+    )
+    max_context_tokens: int = Field(
+        default=0,
+        ge=0,
+        le=16_777_216,
+        description="engine own: tokens of one sequence (prompt plus answer), the KV cache's slot length; the"
+        " cache then holds kvCacheTokens / this sequences at once. 0 = kvCacheTokens / maxRunningSequences.",
+    )
 
     def server_env(self) -> dict[str, str]:
         return {
@@ -45,4 +60,6 @@ class GenerationSpec(ApiModel):
             "MODELSERVER_MAX_RUNNING_SEQUENCES": str(self.max_running_sequences),
             "MODELSERVER_MAX_WAITING_SEQUENCES": str(self.max_waiting_sequences),
             "MODELSERVER_MAX_NEW_TOKENS": str(self.max_new_tokens),
+            "MODELSERVER_ENGINE": self.engine,
+            "MODELSERVER_MAX_CONTEXT_TOKENS": str(self.max_context_tokens),
         }

@@ -149,10 +149,11 @@ class Settings(BaseSettings):
     max_timeout_ms: float = Field(60000.0, gt=0, description="cap for a caller-supplied timeout")
     warmup: bool = Field(True, description="run warm-up batches for every bucket before reporting ready")
     # --- generation (task generation: the continuous-batching engine, modelserver.gen_engine) ---
-    engine: Literal["own", "manager"] = Field(
-        "own",
+    engine: Literal["auto", "own", "manager"] = Field(
+        "auto",
         description="generation: the loop that runs the model -- own (modelserver.gen_own_engine: slot-based"
-        " KV cache) or manager (transformers' ContinuousBatchingManager: paged KV cache)",
+        " KV cache) or manager (transformers' ContinuousBatchingManager: paged KV cache); auto = own on the"
+        " CPU, manager on CUDA (the own engine has not been measured on a GPU yet)",
     )
     kv_cache_tokens: int = Field(
         16384,

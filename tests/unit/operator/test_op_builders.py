@@ -223,8 +223,11 @@ def test_empty_buckets_let_the_server_choose():
 
 def test_generation_sizes_reach_a_generation_server_and_an_encoder_gets_none():
     gen = {"name": "llm", "version": "1", "uri": "file:///m", "format": "hf", "task": "generation"}
-    sized = env(deployment(make_md(model=gen, generation={"kvCacheTokens": 4096, "maxRunningSequences": 8})))
+    sizes = {"kvCacheTokens": 4096, "maxRunningSequences": 8, "engine": "manager", "maxContextTokens": 1024}
+    sized = env(deployment(make_md(model=gen, generation=sizes)))
     assert sized["MODELSERVER_KV_CACHE_TOKENS"] == "4096"
+    assert sized["MODELSERVER_ENGINE"] == "manager"
+    assert sized["MODELSERVER_MAX_CONTEXT_TOKENS"] == "1024"
     assert sized["MODELSERVER_MAX_RUNNING_SEQUENCES"] == "8"
     assert sized["MODELSERVER_MAX_WAITING_SEQUENCES"] == "64"  # the server's default, said explicitly
     assert env(deployment(make_md(model=gen)))["MODELSERVER_KV_CACHE_TOKENS"] == "16384"

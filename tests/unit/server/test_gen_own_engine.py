@@ -172,3 +172,14 @@ def test_top_k_and_top_p_keep_what_they_should() -> None:
     assert probs[0] < 0.8 < probs[0] + probs[1]
     assert torch.isinf(filtered(logits, 0, 0.8)).tolist() == [False, False, True, True, True]
     assert not torch.isinf(filtered(logits, 0, 1.0)).any()
+
+
+def test_engine_auto_is_the_own_loop_on_the_cpu_and_the_manager_on_cuda() -> None:
+    """The own engine is measured on the CPU only (make bench-gpu ran the manager on an H200): auto picks
+    what was measured where it runs; a named engine is kept."""
+    from modelserver.gen_server import engine_for
+
+    assert engine_for("auto", "cpu") == "own"
+    assert engine_for("auto", "cuda") == "manager"
+    assert engine_for("own", "cuda") == "own"
+    assert engine_for("manager", "cpu") == "manager"
