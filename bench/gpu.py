@@ -379,10 +379,9 @@ def decode_limit(model: Path, batch: int, new: int = 64) -> float:
 def big_model(
     model: Path, logs: Path, requests: list[dict[str, Any]], count: Any, peers: bool
 ) -> dict[str, Any]:
-    cpus = CPUS
     usage = {"stream_options": {"include_usage": True}}
     out: dict[str, Any] = {}
-    ours = Server(gen_args(model, "bf16"), "gen-bf16", logs, cpus, "/v2/health/ready")
+    ours = Server(gen_args(model, "bf16"), "gen-bf16", logs, CPUS, "/v2/health/ready")
     try:
         out["modelserver"] = levels(ours, requests, usage, count)
         out["overload"] = overload(ours, requests, count)
@@ -390,7 +389,7 @@ def big_model(
     finally:
         ours.stop()
     if peers:
-        peer = Server(tserve_args(model), "transformers-serve", logs, cpus, "/health")
+        peer = Server(tserve_args(model), "transformers-serve", logs, CPUS, "/health")
         try:
             out["transformers-serve"] = levels(peer, requests, {"model": str(model)}, count)
         except (RuntimeError, TimeoutError) as exc:
