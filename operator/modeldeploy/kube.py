@@ -160,6 +160,7 @@ CLUSTER_PEERING = ResourceType(
 PEERING = ResourceType("kopf.dev", "v1", "kopfpeerings", "KopfPeering")
 HTTPROUTE = ResourceType("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute")
 SCALEDOBJECT = ResourceType("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")
+ENDPOINTSLICE = ResourceType("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
 
 BY_KIND: dict[str, ResourceType] = {
     rt.kind: rt
@@ -173,6 +174,7 @@ BY_KIND: dict[str, ResourceType] = {
         CLUSTER_PEERING,
         PEERING,
         HTTPROUTE,
+        ENDPOINTSLICE,
         SCALEDOBJECT,
     )
 }

@@ -44,6 +44,7 @@ from .kube import (
     BY_KIND,
     CLUSTER_PEERING,
     DEPLOYMENT,
+    ENDPOINTSLICE,
     HTTPROUTE,
     PDB,
     PEERING,
@@ -72,10 +73,14 @@ CHILD_RESOURCES = (
 # cluster without the Gateway API (kopf waits for the CRD), or an operator without the rights to watch
 # routes (the chart's rbac.gatewayAPI=false), runs with --no-watch-httproutes.
 HTTPROUTES = ("gateway.networking.k8s.io", "v1", "httproutes")
+# and the EndpointSlices of the revision Services (the EndpointSlice controller copies a Service's labels
+# onto its slices): a route weights a canary only once the gateway can know an endpoint of it
+# (traffic_split.routable); watched so that the endpoint turning ready reconciles at once.
+ENDPOINTSLICES = ("discovery.k8s.io", "v1", "endpointslices")
 
 
 def child_resources(watch_httproutes: bool) -> tuple[tuple[str, str, str], ...]:
-    return (*CHILD_RESOURCES, HTTPROUTES) if watch_httproutes else CHILD_RESOURCES
+    return (*CHILD_RESOURCES, HTTPROUTES, ENDPOINTSLICES) if watch_httproutes else CHILD_RESOURCES
 
 
 ANNOTATION_PREFIX = "modeldeploy.io"
@@ -109,6 +114,7 @@ KIND_OF_PLURAL = {
     "poddisruptionbudgets": PDB.kind,
     "pods": POD.kind,
     "httproutes": HTTPROUTE.kind,
+    "endpointslices": ENDPOINTSLICE.kind,
 }
 
 

@@ -38,7 +38,7 @@ from .status import (
     pod_facts,
 )
 from .status_build import compute_status
-from .traffic_split import pod_gates, route_weight
+from .traffic_split import pod_gates, routable, route_weight, with_endpoints
 
 
 @dataclass
@@ -51,6 +51,8 @@ class Observed:
     pods: list[dict[str, Any]] = field(default_factory=list)
     routes: list[dict[str, Any]] = field(default_factory=list)
     scaled_objects: list[dict[str, Any]] = field(default_factory=list)
+    #: the EndpointSlices of its Services (gatewayAPI only: they carry the Services' labels)
+    endpoint_slices: list[dict[str, Any]] | None = None
 
 
 RevisionTarget = rt.Target
@@ -140,11 +142,11 @@ def rebuild_stable(md: ModelDeployment, live_specs: dict[str, ModelDeploymentSpe
 def header_canary(decision: rt.Decision, counts: Mapping[str, RevisionCounts]) -> str | None:
     """The revision the route's canary header sends to: the canary while it is in traffic (a step, one of
     its pods Ready and in traffic), never during the shadow stage (its pods answer no client), nor
-    before its first pod is Ready (a gateway would answer 503), nor after promotion or rollback (there is
-    no canary then)."""
+    before it is routable (:func:`routable`: a gateway would answer 503), nor after promotion or
+    rollback (there is no canary then)."""
     if decision.canary is None or decision.shadow is not None or decision.weight is None:
         return None
-    return decision.canary if counts.get(decision.canary, RevisionCounts()).in_traffic > 0 else None
+    return decision.canary if routable(counts, decision.canary) else None
 
 
 def mirror_url(md: ModelDeployment, services: Sequence[Mapping[str, Any]], target: str) -> str | None:
@@ -195,6 +197,8 @@ def plan(
     scaled_objects = [o for o in observed.scaled_objects if owned_by(o, uid)]
     facts = [pod_facts(p) for p in observed.pods]
     counts = count_pods(facts)
+    if observed.endpoint_slices is not None:
+        counts = with_endpoints(counts, md.name, observed.endpoint_slices)
     live_specs = _live_revision_specs(md, deployments)
     rebuilt = rebuild_stable(md, live_specs)
 

@@ -32,6 +32,7 @@ from .events import EventSink, PostNow
 from .kube import (
     BY_KIND,
     DEPLOYMENT,
+    ENDPOINTSLICE,
     HTTPROUTE,
     MODELDEPLOYMENT,
     PDB,
@@ -173,6 +174,7 @@ class Reconciler:
             pdbs=children(PDB),
             pods=children(POD),
             routes=children(HTTPROUTE) if routes else [],
+            endpoint_slices=children(ENDPOINTSLICE) if routes else None,
             scaled_objects=self._scaled_objects(namespace, selector) if autoscaler else [],
         )
 

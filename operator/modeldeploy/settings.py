@@ -110,7 +110,8 @@ class Settings(BaseSettings):
     watch_httproutes: CliImplicitFlag[bool] = Field(
         True,
         description="watch the HTTPRoutes of gatewayAPI mode so that an edited or deleted one is repaired "
-        "at once (needs list/watch on httproutes)",
+        "at once, and the EndpointSlices of its revision Services so that a canary gets its weight once the "
+        "gateway can know an endpoint of it (needs list/watch on httproutes and endpointslices)",
     )
     resync_period: float = Field(
         DEFAULT_PERIOD,

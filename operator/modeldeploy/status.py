@@ -91,6 +91,10 @@ class RevisionCounts:
     scheduling_message: str | None = None
     fetch_failed: int = 0  # pods whose model fetch failed (and not fetched since)
     fetch_failure: FetchFailure | None = None  # one of their failures (the first by reason, message)
+    #: ready addresses in the EndpointSlices of the revision's Service -- what a gateway routes to (it
+    #: learns a pod is Ready from the EndpointSlice, after the pod's own status says so); None where the
+    #: slices are not observed (every routing mode but gatewayAPI)
+    endpoints: int | None = None
 
 
 def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:

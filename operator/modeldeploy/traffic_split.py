@@ -4,8 +4,11 @@ achieved weight, and the readiness-gate flips that make it so (part of :mod:`mod
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
+from .builders import revision_service_name
 from .rollout_types import Decision, Target
 from .status import PodFacts, RevisionCounts
 
@@ -71,10 +74,52 @@ def pod_gates(facts: Sequence[PodFacts], targets: Sequence[Target]) -> list[tupl
     return sorted(out)
 
 
+def ready_endpoints(slices: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Ready addresses per Service name in these EndpointSlices: what a gateway routes to (Traefik takes an
+    endpoint only when ``conditions.ready`` is true; a Service with none answers 503). ``serving`` must not
+    be false either: a Service that publishes not-ready addresses (a shadow target) has every endpoint
+    ready, and ``serving`` is the pod's own readiness there."""
+    out: dict[str, int] = {}
+    for sl in slices:
+        service = ((sl.get("metadata") or {}).get("labels") or {}).get("kubernetes.io/service-name")
+        if not service:
+            continue
+        ready = {
+            addr
+            for ep in sl.get("endpoints") or []
+            if (ep.get("conditions") or {}).get("ready") is True
+            and (ep.get("conditions") or {}).get("serving") is not False
+            for addr in ep.get("addresses") or []
+        }
+        out[service] = out.get(service, 0) + len(ready)
+    return out
+
+
+def with_endpoints(
+    counts: Mapping[str, RevisionCounts], md_name: str, slices: Iterable[Mapping[str, Any]]
+) -> dict[str, RevisionCounts]:
+    """``counts`` with each revision's ready endpoints (:attr:`RevisionCounts.endpoints`) from the
+    EndpointSlices of its Service."""
+    by_service = ready_endpoints(slices)
+    return {
+        rev: replace(c, endpoints=by_service.get(revision_service_name(md_name, rev), 0))
+        for rev, c in counts.items()
+    }
+
+
+def routable(counts: Mapping[str, RevisionCounts], revision: str) -> bool:
+    """A route may send to ``revision``: one of its pods is Ready and in traffic and, where the
+    EndpointSlices are observed, the gateway can know it (a ready endpoint in its Service's slices). The
+    pod turns Ready a moment before the EndpointSlice controller writes the endpoint; a weight set in
+    between sent clients to a backend the gateway had no server for (503s)."""
+    c = counts.get(revision, RevisionCounts())
+    return c.in_traffic > 0 and (c.endpoints is None or c.endpoints > 0)
+
+
 def route_weight(decision: Decision, counts: Mapping[str, RevisionCounts]) -> int | None:
-    """The canary's weight in the HTTPRoute: the requested one once a pod of the canary is Ready, 0
+    """The canary's weight in the HTTPRoute: the requested one once the canary is :func:`routable`, 0
     before -- the route never weights a backend without a ready endpoint (a gateway would answer 503;
     KServe #5983)."""
     if decision.canary is None or decision.weight is None:
         return decision.weight
-    return decision.weight if counts.get(decision.canary, RevisionCounts()).in_traffic > 0 else 0
+    return decision.weight if routable(counts, decision.canary) else 0

@@ -128,6 +128,11 @@ controller.py, kube.py) and from kopf's watches; nothing else is called. No Secr
 - apiGroups: [gateway.networking.k8s.io]
   resources: [httproutes]
   verbs: [get, list, watch, create, patch, delete]
+# ... and reads the EndpointSlices of its revision Services (label-filtered watch): a route weights a
+# canary only once the gateway can know one of its endpoints is ready (no 503 from an empty backend).
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch]
 {{- end }}
 {{- if .Values.rbac.keda }}
 # spec.autoscaling: the reconciler lists, server-side applies and deletes the ModelDeployment's KEDA

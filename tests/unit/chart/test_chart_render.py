@@ -393,8 +393,11 @@ def test_template_output_has_no_empty_or_duplicate_objects() -> None:
 def test_gateway_api_rights_only_when_enabled() -> None:
     key = ("gateway.networking.k8s.io", "httproutes")
     assert key not in rule_table(one(render(CW), "ClusterRole")["rules"])
+    assert ("discovery.k8s.io", "endpointslices") not in rule_table(one(render(CW), "ClusterRole")["rules"])
     rules = rule_table(one(render(CW, "--set", "rbac.gatewayAPI=true"), "ClusterRole")["rules"])
     assert rules[key] == {"get", "list", "watch", "create", "patch", "delete"}
+    # the canary's weight waits for a ready endpoint in its Service's EndpointSlices: read-only
+    assert rules[("discovery.k8s.io", "endpointslices")] == {"get", "list", "watch"}
 
 
 def test_keda_rights_only_when_enabled() -> None:

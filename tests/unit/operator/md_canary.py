@@ -164,9 +164,46 @@ class World:
     def gated(self, revision: str) -> dict[str, str | None]:
         return {p["metadata"]["name"]: _cond(p, b.READINESS_GATE) for p in self.pods(revision)}
 
+    def endpoint_slices(self) -> None:
+        """The EndpointSlice controller: one slice per Service, with the Service's labels, an endpoint per
+        selected pod, serving when the pod is Ready, ready then too or when the Service publishes not-ready
+        addresses. It runs
+        before the kubelet's step in :meth:`controllers`, so a slice shows a pod's readiness one round
+        after the pod's own status does -- as the real controller writes it a moment after the kubelet."""
+        for svc in self.fake.of_kind("Service"):
+            name, spec = svc["metadata"]["name"], svc["spec"]
+            selector = spec.get("selector") or {}
+            pods = [p for p in self.pods() if selector.items() <= p["metadata"]["labels"].items()]
+            publish = spec.get("publishNotReadyAddresses") is True
+            endpoints = [
+                {
+                    "addresses": [f"10.244.0.{i + 10}"],
+                    "conditions": {
+                        "ready": publish or _cond(p, "Ready") == "True",
+                        "serving": _cond(p, "Ready") == "True",
+                    },
+                    "targetRef": {"kind": "Pod", "name": p["metadata"]["name"]},
+                }
+                for i, p in enumerate(pods)
+            ]
+            labels = {**svc["metadata"].get("labels", {}), "kubernetes.io/service-name": name}
+            self.fake.put(
+                {
+                    "apiVersion": "discovery.k8s.io/v1",
+                    "kind": "EndpointSlice",
+                    "metadata": {"name": f"{name}-slice", "labels": labels},
+                    "endpoints": endpoints,
+                }
+            )
+        for sl in self.fake.of_kind("EndpointSlice"):
+            service = sl["metadata"]["labels"]["kubernetes.io/service-name"]
+            if self.fake.obj("Service", service) is None:
+                self.fake.objects.pop(("EndpointSlice", "default", sl["metadata"]["name"]))
+
     def controllers(self) -> None:
         """ReplicaSets create/delete pods to match each Deployment (pods start ready); pods of deleted
-        Deployments go; the kubelet computes Ready from containers and the readiness gate."""
+        Deployments go; the EndpointSlice controller writes what it saw; the kubelet computes Ready from
+        containers and the readiness gate."""
         deps = {
             d["metadata"]["labels"][b.LABEL_REVISION]: d["spec"]["replicas"]
             for d in self.fake.of_kind("Deployment")
@@ -201,6 +238,7 @@ class World:
                         },
                     }
                 )
+        self.endpoint_slices()
         for p in self.pods():
             conds = {c["type"]: c for c in p["status"]["conditions"]}
             ready = (

@@ -12,6 +12,7 @@ from modeldeploy import builders as b
 from modeldeploy import metrics
 from modeldeploy.analysis import ERROR_RATE, P99, REQUESTS, TPOT, TTFT
 from modeldeploy.rollout_types import COMMAND_ANNOTATION
+from modeldeploy.traffic_split import ready_endpoints
 
 
 def rollout_metric(result: str) -> float:
@@ -486,7 +487,7 @@ def test_gateway_api_mode_writes_exact_weights_in_an_httproute():
     assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{old}", 100)]
     assert route["spec"]["parentRefs"][0]["name"] == "gw"
     new = w.new_version("2")
-    w.reconcile()
+    w.reconcile(rounds=4)  # its pod comes up, is gated into traffic, and its endpoint turns ready
     refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
     assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{old}", 75), (f"minilm-{new}", 25)]
     assert w.status["achievedCanaryWeight"] == 25
@@ -501,7 +502,10 @@ def test_gateway_api_mode_writes_exact_weights_in_an_httproute():
 
 
 def test_gateway_api_mode_weights_the_canary_only_once_a_pod_of_it_is_ready():
-    """No weight on a backend without a ready endpoint: a real gateway would answer 503 (KServe #5983)."""
+    """No weight on a backend without a ready endpoint: a real gateway would answer 503 (KServe #5983). The
+    gateway learns of a Ready pod from its Service's EndpointSlice, written a moment after the pod's own
+    status (a CI run of the e2e canary test saw 15 503s from Traefik in that moment): the weight waits
+    for the slice too."""
     body = canary_md(trafficRouting={"mode": "gatewayAPI", "gatewayAPI": {"parentRefs": [{"name": "gw"}]}})
     w = World(body)
     old = w.deploy_first()
@@ -510,10 +514,39 @@ def test_gateway_api_mode_weights_the_canary_only_once_a_pod_of_it_is_ready():
     refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
     assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{old}", 100), (f"minilm-{new}", 0)]
     assert w.status["canaryWeight"] == 25 and w.status["achievedCanaryWeight"] == 0
-    w.reconcile()  # its pod comes up and is gated into traffic
+    w.reconcile(rounds=2)  # its pod comes up and is gated into traffic
+    w.rec.reconcile("default", "minilm")  # the pod is Ready, its endpoint not yet
+    assert w.in_traffic(new) == 1
+    canary_slice = w.fake.obj("EndpointSlice", f"minilm-{new}-slice")
+    assert [ep["conditions"]["ready"] for ep in canary_slice["endpoints"]] == [False]
+    refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
+    assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{old}", 100), (f"minilm-{new}", 0)]
+    assert w.status["achievedCanaryWeight"] == 0
+    w.controllers()  # the EndpointSlice controller writes the ready endpoint
+    w.rec.reconcile("default", "minilm")
     refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
     assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{old}", 75), (f"minilm-{new}", 25)]
     assert w.status["achievedCanaryWeight"] == 25
+
+
+def test_an_endpoint_counts_for_the_gateway_only_when_ready_and_serving():
+    """Traefik routes to endpoints whose ``ready`` is true; a shadow target's Service publishes not-ready
+    addresses (every endpoint ready, ``serving`` the pod's own readiness), so both must hold."""
+
+    def sl(service: str, *conditions: dict[str, bool]) -> dict:
+        eps = [{"addresses": [f"10.0.0.{i}"], "conditions": c} for i, c in enumerate(conditions)]
+        return {"metadata": {"labels": {"kubernetes.io/service-name": service}}, "endpoints": eps}
+
+    slices = [
+        sl("m-a", {"ready": True, "serving": True}, {"ready": False, "serving": False}),
+        sl("m-a", {"ready": True}),  # a second slice of the same Service; serving absent: as ready says
+        sl("m-shadow", {"ready": True, "serving": False}),  # published, not Ready
+        {
+            "metadata": {"labels": {}},
+            "endpoints": [{"addresses": ["10.0.0.9"], "conditions": {"ready": True}}],
+        },
+    ]
+    assert ready_endpoints(slices) == {"m-a": 2, "m-shadow": 0}
 
 
 def test_revision_services_and_deployment_labels_stay_per_revision():

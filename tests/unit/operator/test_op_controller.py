@@ -186,11 +186,12 @@ def test_kopf_settings_name_our_finalizer_and_filter_children():
     assert s.peering.priority == 7 and s.peering.mandatory and not s.peering.standalone
     assert s.posting.enabled is False
 
-    # four kinds of children and the HTTPRoutes, label-filtered; without HTTPRoutes when asked
+    # four kinds of children, the HTTPRoutes and the EndpointSlices, label-filtered; without the last two
+    # when asked
     def kinds(settings):
         return {(sel.group, sel.version, sel.any_name) for sel in settings.watching.label_selectors}
 
-    assert kinds(s) == {*operator.CHILD_RESOURCES, operator.HTTPROUTES}
+    assert kinds(s) == {*operator.CHILD_RESOURCES, operator.HTTPROUTES, operator.ENDPOINTSLICES}
     off = operator.kopf_settings(load_settings(["--no-watch-httproutes"], {}))
     assert kinds(off) == set(operator.CHILD_RESOURCES)
 
@@ -258,9 +259,9 @@ def test_default_priority_is_random_and_positive():
 def test_registry_has_thin_event_handlers_and_no_finalizer():
     reg = operator.build_registry(Controller(lambda ns, n: None))
     handlers = reg._watching.get_all_handlers()
-    assert len(handlers) == 6  # the ModelDeployment, four kinds of children and the HTTPRoutes
+    assert len(handlers) == 7  # the ModelDeployment, four kinds of children, HTTPRoutes, EndpointSlices
     plurals = {h.selector.any_name for h in handlers if h.selector is not None}
-    assert "httproutes" in plurals
+    assert {"httproutes", "endpointslices"} <= plurals
     off = operator.build_registry(Controller(lambda ns, n: None), watch_httproutes=False)
     assert len(off._watching.get_all_handlers()) == 5
     assert not reg._changing.get_all_handlers()  # no change handlers: no progress or diff-base writes
@@ -291,7 +292,14 @@ def test_children_are_indexed_for_the_child_cache():
     and a startup handler hands the indices to the cache."""
     reg = operator.build_registry(Controller(lambda ns, n: None), cache=ChildCache())
     indexed = {h.selector.any_name for h in reg._indexing.get_all_handlers() if h.selector is not None}
-    assert indexed == {"deployments", "services", "poddisruptionbudgets", "pods", "httproutes"}
+    assert indexed == {
+        "deployments",
+        "services",
+        "poddisruptionbudgets",
+        "pods",
+        "httproutes",
+        "endpointslices",
+    }
     assert {h.id for h in reg._indexing.get_all_handlers()} == {operator.index_id(p) for p in indexed}
     assert len(reg._activities.get_all_handlers()) >= 2  # login + attaching the cache
     assert not operator.build_registry(Controller(lambda ns, n: None))._indexing.get_all_handlers()

@@ -80,7 +80,7 @@ def test_the_header_rule_is_removed_at_rollback() -> None:
     w = gateway_world()
     old = w.deploy_first()
     new = w.new_version("2")
-    w.reconcile()
+    w.reconcile(rounds=4)  # its pod comes up, is gated into traffic, and its endpoint turns ready
     assert header_target(w) == f"minilm-{new}"
     w.prom.values[new] = {ERROR_RATE: 0.5}
     w.run_for(10)
@@ -106,7 +106,10 @@ def test_no_header_rule_during_the_shadow_stage() -> None:
             break
         w.run_for(1)
     assert shadowing >= 5
-    assert w.status["step"] == 0 and header_target(w) == f"minilm-{new}"  # the first step: on
+    # the first step: on once the canary's pod is Ready and its slice says so (a shadow target's Service
+    # publishes not-ready addresses: its endpoint was "ready" all along, but not "serving")
+    w.reconcile(rounds=2)
+    assert w.status["step"] == 0 and header_target(w) == f"minilm-{new}"
 
 
 def test_without_canary_header_the_route_has_one_rule() -> None:
