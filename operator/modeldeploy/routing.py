@@ -3,11 +3,11 @@
 One ``HTTPRoute`` named like the ModelDeployment, attached to ``spec.rollout.trafficRouting.gatewayAPI
 .parentRefs``, with one weighted backendRef per revision Service (``<name>-<revision>``): the stable
 revision gets ``100 - w``, the canary ``w`` (exact weights, unlike ``replicas`` mode) once one of its pods
-is Ready, 0 before (``traffic_split.route_weight``). Warm and failed revisions are not listed (weight 0
+is Ready and its Service's EndpointSlices list it ready, 0 before (``traffic_split.route_weight``). Warm and failed revisions are not listed (weight 0
 means no traffic). Written with server-side apply like every child; the real apiserver validates it
 against the Gateway API CRDs.
 
-With ``gatewayAPI.canaryHeader`` set, while a canary is in traffic (a step, one of its pods Ready) a
+With ``gatewayAPI.canaryHeader`` set, while a canary is in traffic (a step, ``traffic_split.routable``) a
 first rule sends every request carrying that header (exact value) to the canary alone, whatever the
 weight: a rule with a header match takes precedence over the path-only rule (Gateway API's rule
 precedence). It is not there during the shadow stage, before the canary has a Ready pod, or once the
