@@ -164,11 +164,12 @@ def _make_before_break(ctx: ReconcileContext, d: Decision) -> Decision:
     """No moment without a pod in traffic: while none of the revisions the decision puts in traffic has a
     Ready pod yet (a failback to warm pods whose gates are only now turned True; a rollback to a stable
     whose pods are down), the revisions whose pods are still in traffic keep them there, running. They
-    leave at the first reconcile after a pod of the new stable is Ready (its pod's status change is a
-    watch event), so a switch trades a moment of the old revision's answers for what would otherwise be a
-    moment with no endpoint at all (every request refused)."""
+    leave at the first reconcile after a pod of the new stable is Ready -- in gatewayAPI mode, once its
+    endpoint is ready in its Service's EndpointSlices too (``RevisionCounts.routable``; the pod's status
+    change and the slice's are watch events), so a switch trades a moment of the old revision's answers
+    for what would otherwise be a moment with no endpoint at all (every request refused)."""
     wanted = {t.revision for t in d.targets if t.in_traffic_pods > 0}
-    if ctx.replicas == 0 or not wanted or any(ctx.in_traffic(rev) > 0 for rev in wanted):
+    if ctx.replicas == 0 or not wanted or any(ctx.routable(rev) for rev in wanted):
         return d
     by_rev = {t.revision: t for t in d.targets}
     kept = False

@@ -176,7 +176,7 @@ def _active(look: _Look, st: FallbackStatus) -> FallbackStatus:
 
 def _returning(look: _Look, st: FallbackStatus) -> FallbackStatus:
     """A GPU pod in traffic again: the fallback goes idle."""
-    if look.stable.in_traffic == 0:
+    if not look.stable.routable:  # in gatewayAPI mode: its endpoint ready in the slices too
         return st
     look.events.append(
         Event("Normal", "FallbackDeactivated", f"revision {look.decision.stable} serves again; fallback idle")

@@ -38,7 +38,7 @@ from .status import (
     pod_facts,
 )
 from .status_build import compute_status
-from .traffic_split import pod_gates, routable, route_weight, with_endpoints
+from .traffic_split import pod_gates, routable, route_stable, route_weight, with_endpoints
 
 
 @dataclass
@@ -266,7 +266,7 @@ def desired_children(
         desired.append(
             routing.build_httproute(
                 md,
-                decision.stable,
+                route_stable(decision, counts),
                 decision.canary,
                 weight,
                 decision.fallback_revision,

@@ -156,6 +156,9 @@ class ReconcileContext:
     def in_traffic(self, revision: str) -> int:
         return self.counts.get(revision, RevisionCounts()).in_traffic
 
+    def routable(self, revision: str) -> bool:
+        return self.counts.get(revision, RevisionCounts()).routable
+
     def command_for(self, *revisions: str | None) -> Command | None:
         """The command, when it was issued against one of ``revisions`` (None: issued against any)."""
         cmd = self.command

@@ -3,9 +3,10 @@
 One ``HTTPRoute`` named like the ModelDeployment, attached to ``spec.rollout.trafficRouting.gatewayAPI
 .parentRefs``, with one weighted backendRef per revision Service (``<name>-<revision>``): the stable
 revision gets ``100 - w``, the canary ``w`` (exact weights, unlike ``replicas`` mode) once one of its pods
-is Ready and its Service's EndpointSlices list it ready, 0 before (``traffic_split.route_weight``). Warm and failed revisions are not listed (weight 0
-means no traffic). Written with server-side apply like every child; the real apiserver validates it
-against the Gateway API CRDs.
+is Ready and its Service's EndpointSlices list it ready, 0 before (``traffic_split.route_weight``); a new
+stable not yet routable leaves its share with the revision it replaces (``traffic_split.route_stable``).
+Warm and failed revisions are not listed (weight 0 means no traffic). Written with server-side apply like
+every child; the real apiserver validates it against the Gateway API CRDs.
 
 With ``gatewayAPI.canaryHeader`` set, while a canary is in traffic (a step, ``traffic_split.routable``) a
 first rule sends every request carrying that header (exact value) to the canary alone, whatever the

@@ -96,6 +96,12 @@ class RevisionCounts:
     #: slices are not observed (every routing mode but gatewayAPI)
     endpoints: int | None = None
 
+    @property
+    def routable(self) -> bool:
+        """A route may send here: a pod Ready and in traffic and, where the EndpointSlices are observed, a
+        ready endpoint the gateway can know (:mod:`modeldeploy.traffic_split`)."""
+        return self.in_traffic > 0 and (self.endpoints is None or self.endpoints > 0)
+
 
 def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
     acc: dict[str, dict[str, Any]] = {}

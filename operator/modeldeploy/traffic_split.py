@@ -112,8 +112,24 @@ def routable(counts: Mapping[str, RevisionCounts], revision: str) -> bool:
     EndpointSlices are observed, the gateway can know it (a ready endpoint in its Service's slices). The
     pod turns Ready a moment before the EndpointSlice controller writes the endpoint; a weight set in
     between sent clients to a backend the gateway had no server for (503s)."""
-    c = counts.get(revision, RevisionCounts())
-    return c.in_traffic > 0 and (c.endpoints is None or c.endpoints > 0)
+    return counts.get(revision, RevisionCounts()).routable
+
+
+def route_stable(decision: Decision, counts: Mapping[str, RevisionCounts]) -> str:
+    """The revision the route gives the stable's share: the decision's stable once it is routable;
+    before, a revision that make-before-break keeps in traffic and that is (a failback's failed revision
+    for the moment until the warm pods' endpoints are ready: its answers rather than the gateway's 503s,
+    as kube-proxy does in the other modes)."""
+    if routable(counts, decision.stable):
+        return decision.stable
+    kept = sorted(
+        t.revision
+        for t in decision.targets
+        if t.in_traffic_pods > 0
+        and t.revision not in (decision.stable, decision.canary)
+        and routable(counts, t.revision)
+    )
+    return kept[0] if kept else decision.stable
 
 
 def route_weight(decision: Decision, counts: Mapping[str, RevisionCounts]) -> int | None:

@@ -340,14 +340,22 @@ def test_bad_revision_is_rolled_back(
 # ---------------------------------------------------------------------------------------------- 4
 
 
-def test_bad_during_bake_fails_back_to_the_warm_previous(kube: Kube, operator: Any, namespace: str) -> None:
+@pytest.mark.parametrize("mode", ["replicas", "gatewayAPI"])
+def test_bad_during_bake_fails_back_to_the_warm_previous(
+    kube: Kube, operator: Any, namespace: str, mode: str
+) -> None:
+    """Through kube-proxy (the model Service) and through the Gateway (Traefik, the HTTPRoute): in both, the
+    failed revision keeps answering until the warm pod can be reached -- through the Gateway, until its
+    endpoint is ready in its Service's EndpointSlices -- so clients meet its 5xx for a moment, never a
+    refused connection or a gateway's 503."""
     ns = namespace
-    deploy(kube, ns, "1", GOOD)
+    routing = {"trafficRouting": gateway_routing(ns, NAME)} if mode == "gatewayAPI" else {}
+    deploy(kube, ns, "1", GOOD, **routing)
     v1 = healthy_on(kube, ns, "1")
-    load = LoadGenerator(kube, ns, NAME).wait_serving().start()
+    load = LoadGenerator(kube, ns, NAME, mode=mode).wait_serving().start()
     try:
         # v2 is fine until a request carries the marker text: good during the canary, bad in the bake
-        deploy(kube, ns, "2", GOOD + "&fail_text=POISON")
+        deploy(kube, ns, "2", GOOD + "&fail_text=POISON", **routing)
         v2 = new_revision(kube, ns, v1)
         w = Watcher(kube, ns)
         w.until(outcome_is(v2, "Promoted"), timeout=120, what="v2 promoted")
@@ -379,7 +387,7 @@ def test_bad_during_bake_fails_back_to_the_warm_previous(kube: Kube, operator: A
         "requests_by_kind": dict(load.by_kind()),
         "requests_after_settling_all_200_from_previous": after,
     }
-    REPORT["scenario4_failback"] = fields
+    REPORT["scenario4_failback" + ("" if mode == "replicas" else f"_{mode}")] = fields
     print(f"failback: {fields}")
     # the only failures anyone saw are v2's answers to the marker text (5xx)
     failures = [r for r in load.snapshot() if r.kind != "ok"]

@@ -272,3 +272,43 @@ class World:
 
 def _cond(pod: dict[str, Any], type_: str) -> str | None:
     return next((c["status"] for c in pod["status"].get("conditions") or [] if c["type"] == type_), None)
+
+
+def watch_the_route(w: World) -> list[str]:
+    """After every reconcile and every controllers' round of ``w``, check what a gateway would meet: each
+    backend the route weights has a ready, serving endpoint in its Service's EndpointSlices at that moment
+    (Traefik answers 503 for one without). Returns the violations seen (empty: none)."""
+    violations: list[str] = []
+    reconcile, controllers = w.rec.reconcile, w.controllers
+
+    def check(when: str) -> None:
+        route = w.fake.obj("HTTPRoute", "minilm")
+        if route is None:
+            return
+        for rule in route["spec"]["rules"]:
+            for ref in rule["backendRefs"]:
+                if ref["weight"] == 0:
+                    continue
+                sl = w.fake.obj("EndpointSlice", f"{ref['name']}-slice")
+                ready = [
+                    ep
+                    for ep in (sl or {}).get("endpoints", [])
+                    if ep["conditions"]["ready"] and ep["conditions"]["serving"]
+                ]
+                if not ready:
+                    violations.append(
+                        f"{when}: {ref['name']} weighted {ref['weight']} without a ready endpoint"
+                    )
+
+    def checked_reconcile(ns: str, name: str) -> Any:
+        out = reconcile(ns, name)
+        check("after a reconcile")
+        return out
+
+    def checked_controllers() -> None:
+        controllers()
+        check("after the controllers")
+
+    w.rec.reconcile = checked_reconcile  # type: ignore[method-assign]
+    w.controllers = checked_controllers  # type: ignore[method-assign]
+    return violations

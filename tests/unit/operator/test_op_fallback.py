@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from md_canary import World, canary_md
+from md_canary import World, canary_md, watch_the_route
 from modeldeploy import builders as b
 from modeldeploy.api import ModelDeploymentSpec
 from modeldeploy.fallback import fallback_spec
@@ -226,10 +226,14 @@ def test_gateway_mode_routes_everything_to_the_fallback_while_it_serves():
     fb = w.fallback_revision()
     refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
     assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{fb}", 100)]
+    # the way back: the fallback keeps the route until a GPU pod's endpoint is ready in the slices
+    w.reconcile()  # (its own endpoint is ready by now: before, nothing was routable to begin with)
+    violations = watch_the_route(w)
     w.gpu_up = True
     w.run_for(40)
     refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
     assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{stable}", 100)]
+    assert violations == []
 
 
 def test_editing_the_fallback_while_it_serves_keeps_it_active_on_its_new_revision():

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from md_canary import World, canary_md
+from md_canary import World, canary_md, watch_the_route
 from modeldeploy import routing
 from modeldeploy.analysis import ERROR_RATE
 from modeldeploy.api import ModelDeployment
@@ -168,3 +168,46 @@ def test_the_server_container_is_told_its_revision() -> None:
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["MODELDEPLOY_REVISION"] == "abc123"
     assert dep["spec"]["template"]["metadata"]["labels"][b.LABEL_REVISION] == "abc123"
+
+
+# ------------------------------------------------------------------- no weight on a backend without endpoints
+
+
+def test_a_failback_keeps_the_failed_revision_routed_until_the_warm_pods_endpoint_is_ready() -> None:
+    """The failback's new stable is a warm pod whose gate turns True at the decision: until its endpoint is
+    ready in the slices, the route keeps the failed revision (whose pods make-before-break keeps in
+    traffic), as kube-proxy does in the other modes -- never a moment with only an empty backend."""
+    w = gateway_world(header=None)
+    old = w.deploy_first()
+    violations = watch_the_route(w)  # from here on: the first deployment has nothing else to route to
+    new = w.new_version("2")
+    w.reconcile()
+    w.run_for(35)
+    assert w.status["stableRevision"] == new and weights(w) == [(f"minilm-{new}", 100)]
+    w.prom.values[new] = {ERROR_RATE: 0.3}
+    w.clock.tick(10)
+    w.rec.reconcile("default", "minilm")  # the decision
+    assert w.status["stableRevision"] == old
+    assert weights(w) == [(f"minilm-{new}", 100)]  # the warm pod's endpoint is not ready yet
+    routed = []
+    for _ in range(6):
+        w.controllers()
+        w.rec.reconcile("default", "minilm")
+        routed.append(weights(w))
+    assert routed[-1] == [(f"minilm-{old}", 100)], routed
+    assert [(h["revision"], h["outcome"]) for h in w.status["history"]][-1] == (new, "FailedBack")
+    assert violations == []
+
+
+def test_a_rollout_and_a_rollback_never_weight_a_backend_without_a_ready_endpoint() -> None:
+    w = gateway_world()
+    old = w.deploy_first()
+    violations = watch_the_route(w)  # from here on: the first deployment has nothing else to route to
+    new = w.new_version("2")
+    w.run_for(25)
+    assert w.status["canaryRevision"] == new and dict(weights(w))[f"minilm-{new}"] > 0
+    w.prom.values[new] = {ERROR_RATE: 0.5}
+    w.run_for(10)
+    assert [h["outcome"] for h in w.status["history"]][-1] == "RolledBack"
+    assert weights(w) == [(f"minilm-{old}", 100)]
+    assert violations == []
