@@ -183,7 +183,7 @@ def _make_before_break(ctx: ReconcileContext, d: Decision) -> Decision:
         kept = True
     if kept:
         d.targets = list(by_rev.values())
-        ctx.at(ctx.now + HANDOVER_RECHECK)
+        ctx.wake_at(ctx.now + HANDOVER_RECHECK)
     return d
 
 
@@ -229,7 +229,7 @@ def _lost(ctx: ReconcileContext) -> Decision:
     failed = latest_entry(ctx.history, current)
     assert failed is not None
     return Decision(
-        targets=ctx.failed(),
+        targets=ctx.failed_kept(),
         stable=gone,
         degraded_reason="StableMissing",
         degraded_message=(
@@ -304,7 +304,7 @@ def _baking(
     due = window_due(ctx.rollout, promoted.time, analysis)
     analysis = _resumed(ctx, analysis, stable)
     if ctx.hold or analysis_paused(analysis):
-        ctx.at(end)
+        ctx.wake_at(end)
         return analysis, None
     if ctx.now >= due and ctx.measure is not None:
         out = ctx.judge(stable, None, analysis, "bake", "bake", agreement_with=ctx.previous)
@@ -312,10 +312,10 @@ def _baking(
             analysis = out.state
             if out.action == "fail":
                 return analysis, FailBack(f"failed during bakeTime: {out.reason}", out.failing)
-            ctx.at(window_due(ctx.rollout, promoted.time, analysis))
+            ctx.wake_at(window_due(ctx.rollout, promoted.time, analysis))
     else:
-        ctx.at(due)
-    ctx.at(end)
+        ctx.wake_at(due)
+    ctx.wake_at(end)
     return analysis, None
 
 
@@ -325,7 +325,7 @@ def _failed_back(ctx: ReconcileContext, analysis: AnalysisStatus | None, fb: Fai
     stable, previous, n = ctx.stable, ctx.previous, ctx.replicas
     assert previous is not None
     ctx.record(stable, "FailedBack", f"{fb.reason}; back to {previous}", fb.measurement)
-    targets = [Target(previous, ctx.spec_of(previous), n, "stable", n), *ctx.failed(previous)]
+    targets = [Target(previous, ctx.spec_of(previous), n, "stable", n), *ctx.failed_kept(previous)]
     ready = ctx.in_traffic(previous)
     return Decision(
         targets=targets,
@@ -344,7 +344,7 @@ def _at_rest(ctx: ReconcileContext, analysis: AnalysisStatus | None) -> Decision
     targets = [
         Target(stable, ctx.spec_of(stable), n, "stable", n),
         *ctx.warm_previous(),
-        *ctx.failed(stable, ctx.previous or ""),
+        *ctx.failed_kept(stable, ctx.previous or ""),
     ]
     ready = ctx.in_traffic(stable)
     d = Decision(
@@ -479,7 +479,7 @@ def _step(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryDeci
         weight = ro.steps[cs.step]
         reason = f"progressDeadline {ro.progress_deadline} exceeded at step {cs.step} ({weight}%): {why}"
         return cs, RollBack("Aborted", reason)
-    ctx.at(deadline)
+    ctx.wake_at(deadline)
     return cs, None
 
 
@@ -491,7 +491,7 @@ def _judging(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryD
         return cs, None
     due = window_due(ro, started, cs.analysis)
     if ctx.now < due or ctx.measure is None:
-        ctx.at(due)
+        ctx.wake_at(due)
         return cs, None
     step, weight = cs.step, ro.steps[cs.step]
     stable = ctx.stable if weight < 100 else None
@@ -513,7 +513,7 @@ def _judging(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryD
         if step + 1 >= len(ro.steps):
             return gated_promotion(ctx, cs, f"all {len(ro.steps)} steps passed")
         return cs, NextStep()
-    ctx.at(window_due(ro, started, cs.analysis))
+    ctx.wake_at(window_due(ro, started, cs.analysis))
     return cs, None
 
 
@@ -526,7 +526,7 @@ def _next_step(ctx: ReconcileContext, cs: CanaryStep) -> CanaryStep:
     c_pods, _ = _split(ctx, step)
     if ctx.in_traffic(ctx.current) >= c_pods:
         cs = replace(cs, step=step, started=ctx.now)
-        ctx.at(window_due(ctx.rollout, ctx.now, cs.analysis))
+        ctx.wake_at(window_due(ctx.rollout, ctx.now, cs.analysis))
         return cs
     return replace(cs, step=step, started=None, waiting=ctx.now)
 
@@ -553,7 +553,7 @@ def _progressing(ctx: ReconcileContext, cs: CanaryStep) -> Decision:
         Target(stable, ctx.spec_of(stable), ctx.replicas, "stable", s_in),
         Target(current, ctx.spec, c_pods, "canary", 0 if held else c_pods),
         *warm,
-        *ctx.failed(stable, current, previous or ""),
+        *ctx.failed_kept(stable, current, previous or ""),
     ]
     pending = "" if cs.started is not None or held else " (waiting for its pods)"
     paused = " (paused)" if ro.paused else ""
@@ -596,13 +596,13 @@ def _promoted(ctx: ReconcileContext, cs: CanaryStep, p: Promote) -> Decision:
     if keep > 0:
         new_prev, expires = stable, now + seconds_of(ro.keep_previous.ttl)
         targets.append(Target(stable, ctx.spec_of(stable), keep, "previous", 0))
-        ctx.at(expires)
+        ctx.wake_at(expires)
     if ctx.previous is not None and ctx.previous != stable:
         ctx.events.append(
             Event("Normal", "PreviousReplaced", f"revision {ctx.previous}: no longer kept warm")
         )
     if seconds_of(ro.bake_time).total_seconds() > 0 and new_prev is not None:
-        ctx.at(now + seconds_of(ro.interval))
+        ctx.wake_at(now + seconds_of(ro.interval))
     ready = ctx.in_traffic(current)
     return Decision(
         targets=targets,
@@ -625,7 +625,7 @@ def _rolled_back(ctx: ReconcileContext, cs: CanaryStep, rb: RollBack) -> Decisio
     targets = [
         Target(stable, ctx.spec_of(stable), n, "stable", n),
         *warm,
-        *ctx.failed(stable, ctx.previous or ""),
+        *ctx.failed_kept(stable, ctx.previous or ""),
     ]
     return Decision(
         targets=targets,

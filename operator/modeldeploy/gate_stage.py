@@ -98,7 +98,7 @@ def ask(ctx: ReconcileContext, cs: CanaryStep, gate: GateName, spec: GateSpec) -
                 f"revision {current}: waiting for gate {gate} ({host}) {WHEN[gate]}: {said}",
             )
         )
-    ctx.at(now + GATE_RECHECK)
+    ctx.wake_at(now + GATE_RECHECK)
     return GateStatus(gate=gate, revision=current, host=host, waiting_since=since, message=said)
 
 

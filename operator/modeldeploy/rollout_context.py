@@ -192,8 +192,8 @@ class ReconcileContext:
         self.events.append(Event("Warning" if kind in WARNING_KINDS else "Normal", said, msg))
         self.results.append(RESULTS[kind])
 
-    def at(self, when: datetime | None) -> None:
-        """Look again at ``when``."""
+    def wake_at(self, when: datetime | None) -> None:
+        """Reconcile again at ``when`` (the earliest of these is the requeue time)."""
         if when is not None:
             self.wake.append(when)
 
@@ -224,7 +224,7 @@ class ReconcileContext:
         )
         judgement = self.measure(req)
         if judgement is None:
-            self.at(self.now + MEASUREMENT_RECHECK)
+            self.wake_at(self.now + MEASUREMENT_RECHECK)
             return None
         judgement = tagged(judgement, what)
         out = advance(self.rollout.analysis, analysis, judgement, self.now)
@@ -266,10 +266,10 @@ class ReconcileContext:
         previous = self.previous
         if previous is None or previous in besides or self.live.get(previous) is None:
             return []
-        self.at(self.previous_expires_at)
+        self.wake_at(self.previous_expires_at)
         return [Target(previous, self.spec_of(previous), self.rollout.keep_previous.replicas, "previous", 0)]
 
-    def failed(self, *besides: str) -> list[Target]:
+    def failed_kept(self, *besides: str) -> list[Target]:
         """Failed revisions kept out of traffic for ``abortScaleDownDelay`` (for debugging)."""
         delay = seconds_of(self.rollout.abort_scale_down_delay)
         if delay.total_seconds() <= 0:
@@ -284,7 +284,7 @@ class ReconcileContext:
             until = h.time + delay
             if self.now < until:
                 out.append(Target(rev, spec, self.replicas, "old", 0))
-                self.at(until)
+                self.wake_at(until)
         return out
 
     def finish(self, d: Decision) -> Decision:

@@ -71,17 +71,17 @@ def shadowing(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, Canary
         sh = sh.model_copy(update={"agreement": agreement, "samples": samples})
         cs = replace(cs, shadow=sh)
     if ctx.frozen or analysis_paused(cs.analysis):
-        ctx.at(min(end, now + SHADOW_REFRESH))
+        ctx.wake_at(min(end, now + SHADOW_REFRESH))
         return cs, None
     if now < end:
-        ctx.at(min(end, now + SHADOW_REFRESH))
+        ctx.wake_at(min(end, now + SHADOW_REFRESH))
         if parse_duration(ro.interval) >= parse_duration(spec.duration):
             return cs, None
         due = window_due(ro, started, cs.analysis)
         if due >= end:
             return cs, None
         if now < due or ctx.measure is None:
-            ctx.at(due)
+            ctx.wake_at(due)
             return cs, None
         scale = parse_duration(ro.interval) / parse_duration(spec.duration)
         out = ctx.judge(
@@ -92,12 +92,12 @@ def shadowing(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, Canary
         cs = replace(cs, analysis=out.state)
         if out.action == "fail":
             return cs, RollBack("RolledBack", f"shadow stage failed: {out.reason}", out.failing)
-        ctx.at(window_due(ro, started, cs.analysis))
+        ctx.wake_at(window_due(ro, started, cs.analysis))
         return cs, None
     last = cs.analysis.last_run if cs.analysis else None
     due = end if last is None or last < end else last + seconds_of(ro.interval)
     if now < due or ctx.measure is None:
-        ctx.at(due)
+        ctx.wake_at(due)
         return cs, None
     out = ctx.judge(current, stable, cs.analysis, "shadow", "end of the shadow stage", window=spec.duration)
     if out is None:
@@ -106,7 +106,7 @@ def shadowing(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, Canary
     if out.action == "fail":
         return cs, RollBack("RolledBack", f"shadow stage failed: {out.reason}", out.failing)
     if out.action in ("hold", "pause"):
-        ctx.at(now + seconds_of(ro.interval))
+        ctx.wake_at(now + seconds_of(ro.interval))
         return cs, None
     ctx.events.append(
         Event(
@@ -137,11 +137,11 @@ def _shadow_waiting(
             )
         )
         sh = sh.model_copy(update={"started_at": now, "waiting_since": None, "copying_pods": copying})
-        ctx.at(now + min(seconds_of(spec.duration), seconds_of(ro.interval)))
+        ctx.wake_at(now + min(seconds_of(spec.duration), seconds_of(ro.interval)))
         return replace(cs, shadow=sh, analysis=AnalysisStatus()), None
     waiting = sh.waiting_since or now
     cs = replace(cs, shadow=sh.model_copy(update={"waiting_since": waiting, "copying_pods": copying}))
-    ctx.at(now + SHADOW_RECHECK)
+    ctx.wake_at(now + SHADOW_RECHECK)
     if ctx.frozen:
         return cs, None
     deadline = waiting + seconds_of(ro.progress_deadline)
@@ -150,7 +150,7 @@ def _shadow_waiting(
         return cs, RollBack(
             "Aborted", f"progressDeadline {ro.progress_deadline} exceeded in the shadow stage: {why}"
         )
-    ctx.at(deadline)
+    ctx.wake_at(deadline)
     return cs, None
 
 
@@ -165,7 +165,7 @@ def shadow_progressing(ctx: ReconcileContext, cs: CanaryStep, sh: ShadowStatus) 
         Target(stable, ctx.spec_of(stable), n, "stable", n),
         Target(current, ctx.spec, want, "shadow", 0),
         *warm_prev,
-        *ctx.failed(stable, current, previous or ""),
+        *ctx.failed_kept(stable, current, previous or ""),
     ]
     warm = ctx.counts.get(current, RevisionCounts()).ready
     if sh.started_at is None:
