@@ -105,7 +105,10 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:
-    """Never raised today (every path parameter is a string); 400 like every other bad input."""
+    """A parameter FastAPI validated and refused: 400 with ``{"error": ...}`` like every other bad input,
+    not FastAPI's 422 ``{"detail": ...}``. No route declares such a parameter today (the infer routes are
+    raw, every path parameter a string); this keeps the error contract for the first one that does
+    (unit test ``test_a_parameter_fastapi_refuses_is_a_400_with_an_error``)."""
     parts = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
     return error_response(400, "; ".join(parts) or "invalid request")
 

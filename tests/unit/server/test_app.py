@@ -9,7 +9,8 @@ import struct
 import httpx
 import orjson
 import pytest
-from modelserver.app import ModelServerApp
+from fastapi import FastAPI
+from modelserver.app import EXCEPTION_HANDLERS, ModelServerApp
 from modelserver.config import load_settings
 from modelserver.loader import create_model
 from modelserver.service import ModelService
@@ -417,3 +418,21 @@ async def test_a_large_input_is_preprocessed_off_the_event_loop():
     finally:
         await client.aclose()
         await svc.drain()
+
+
+async def test_a_parameter_fastapi_refuses_is_a_400_with_an_error() -> None:
+    """The server's exception handlers on an app with a typed query parameter (no route of the server has
+    one today): FastAPI's refusal is answered like every other bad input."""
+    app = FastAPI(exception_handlers=EXCEPTION_HANDLERS)
+
+    @app.get("/typed")
+    async def typed(n: int) -> dict[str, int]:
+        return {"n": n}
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        ok = await client.get("/typed", params={"n": "3"})
+        bad = await client.get("/typed", params={"n": "three"})
+    assert (ok.status_code, ok.json()) == (200, {"n": 3})
+    assert bad.status_code == 400
+    body = bad.json()
+    assert set(body) == {"error"} and body["error"].startswith("query.n: "), body
