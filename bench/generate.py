@@ -16,6 +16,10 @@ run:
 * ``naive`` -- ``transformers serve`` without continuous batching: ``generate()`` per request;
 * ``limit`` -- the model's batched decode step alone, no server: ``generate()`` on a batch of
   ``concurrency`` equal prompts, decode tokens per second (the 64-token run less the 1-token run).
+* ``limit with prefill`` -- the work any server must do for the closed-loop run at ``concurrency``, no
+  server: its prompts prefilled one forward each (timed), its answers' tokens decoded at the limit; output
+  tokens/s of that plain loop, and the share of its time that prefill alone takes (when over 30 %, 70 % of
+  the decode-alone limit is out of reach for any server on this workload).
 
 Every server runs on one CPU (``taskset``, one torch thread), the clients on the others. Streams use the
 OpenAI ``/v1/completions`` API with ``stream: true``; a client measures TTFT (sent -> first text event),
@@ -28,7 +32,7 @@ sequences): what they got (200, 429 with ``Retry-After``, 503), whether the serv
 against the KV cache's budget.
 
 Targets (issue 25), at concurrency 32: output tokens/s >= 1.5x transformers-serve and >= 5x naive, TTFT p99
-no worse than transformers-serve's; >= 70 % of the limit.
+no worse than transformers-serve's; >= 70 % of the limit (also reported: share of the limit with prefill).
 """
 
 from __future__ import annotations
@@ -285,6 +289,35 @@ def decode_limit(model_dir: Path, batch: int, prompt_tokens: int = 64, new: int 
     return batch * (new - 1) / (timed(new) - timed(1))
 
 
+def prefill_seconds(model_dir: Path, prompts: list[list[int]]) -> float:
+    """Seconds of one forward over each prompt alone (batch 1, one thread, the last position's logits):
+    the prefill any server must do for these prompts, with no server around it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([prompts[0]]), use_cache=False, logits_to_keep=1)  # warm-up
+        t0 = time.perf_counter()
+        for ids in prompts:
+            model(input_ids=torch.tensor([ids]), use_cache=False, logits_to_keep=1)
+        return time.perf_counter() - t0
+
+
+def with_prefill(prefill_s: float, answer_tokens: int, decode_tok_s: float) -> dict[str, float]:
+    """The plain loop's output tokens/s for a run's work -- its prompts prefilled (``prefill_s``), its
+    answers decoded at the decode limit -- and the share of that loop's time spent in prefill."""
+    decode_s = answer_tokens / decode_tok_s
+    total = prefill_s + decode_s
+    return {
+        "tokens_per_s": round(answer_tokens / total, 1),
+        "prefill_share": round(prefill_s / total, 3),
+        "prefill_s": round(prefill_s, 3),
+        "decode_s": round(decode_s, 3),
+    }
+
+
 # -- the run ---------------------------------------------------------------------------------------
 
 
@@ -383,6 +416,36 @@ def decode_limits(model: Path, levels: tuple[int, ...], cpu: str) -> dict[str, f
     return out
 
 
+def prefill_limits(
+    model: Path,
+    requests: list[dict[str, Any]],
+    levels: tuple[int, ...],
+    cpu: str,
+    tok: Any,
+    limit: dict[str, float],
+) -> dict[str, dict[str, float]]:
+    """ "Limit with prefill" at each concurrency: the closed-loop run's prompts (the same slice the servers
+    got) prefilled one by one and its answers (``max_tokens`` each) decoded at that concurrency's decode
+    limit, in a process of its own on the servers' CPU: the work any server must do for that run."""
+    parts, out = slices(levels), {}
+    for c in levels:
+        reqs = requests[parts[f"closed {c}"]]
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump([tok(r["prompt"], add_special_tokens=False)["input_ids"] for r in reqs], f)
+        code = (
+            "import json; from bench.generate import prefill_seconds; from pathlib import Path; "
+            f"print(prefill_seconds(Path('{model}'), json.load(open('{f.name}'))))"
+        )
+        run = subprocess.run(
+            ["taskset", "-c", cpu, sys.executable, "-c", code], capture_output=True, text=True, check=True
+        )
+        Path(f.name).unlink()
+        seconds = float(run.stdout.strip().splitlines()[-1])
+        out[str(c)] = with_prefill(seconds, sum(r["max_tokens"] for r in reqs), limit[str(c)])
+        log(f"limit with prefill {c}: {out[str(c)]}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.generate")
     p.add_argument("--levels", default=",".join(map(str, CONCURRENCY)))
@@ -421,6 +484,9 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 srv.stop()
     res["limit_decode_tokens_per_s"] = decode_limits(model, levels, cpu)
+    res["limit_with_prefill"] = prefill_limits(
+        model, requests, levels, cpu, tok, res["limit_decode_tokens_per_s"]
+    )
     res["machine"] = {
         "cpus": os.cpu_count(),
         "cpu_model": platform.processor() or platform.machine(),

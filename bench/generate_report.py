@@ -32,6 +32,9 @@ def ratios_of(res: dict[str, Any], name: str) -> dict[str, Any]:
         lim = res.get("limit_decode_tokens_per_s", {}).get(c)
         if lim:
             r["share_of_limit"] = round(s["output_tokens_per_s"] / lim, 2)
+        pre = res.get("limit_with_prefill", {}).get(c)
+        if pre and pre["tokens_per_s"]:
+            r["share_of_limit_with_prefill"] = round(s["output_tokens_per_s"] / pre["tokens_per_s"], 2)
         out[c] = r
     return out
 
@@ -82,6 +85,9 @@ def markdown(res: dict[str, Any]) -> str:
         *_rows(res, "poisson"),
         "",
         "Limit (batched decode alone, tok/s): " + json.dumps(res.get("limit_decode_tokens_per_s")),
+        "",
+        "Limit with prefill (the closed-loop run's prompts prefilled one forward each, its answers decoded "
+        "at the limit; no server): " + json.dumps(res.get("limit_with_prefill")),
         "",
     ]
     for name in ENGINES:
