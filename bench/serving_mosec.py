@@ -13,15 +13,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
+import psutil
 
 from bench.serving import (
     HOST,
@@ -130,10 +133,65 @@ def summary(r: LoadResult, seconds: float) -> dict[str, Any]:
     }
 
 
-def measure(port: int, reqs: list[tuple[bytes, int]], rates: list[float] | None) -> dict[str, Any]:
-    """Closed loop, then Poisson at ``rates`` (None: 1.5x and 2x this server's closed-loop rate)."""
+def cpu_snapshot(pid: int, port: int | None) -> dict[str, float]:
+    """CPU seconds of the server's process tree (every process: mosec's Rust front and its worker) and, for
+    modelserver (``port``): its event-loop thread (the main thread: HTTP, decoding, tokenizing small inputs,
+    batching, encoding) and its own thread-CPU counters by part (tokenize; inference: the inference thread
+    alone, without torch's other intra-op threads)."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    out = {"total": total}
+    if port is not None:
+        out["loop"] = next(t.user_time + t.system_time for t in root.threads() if t.id == pid)
+        text = httpx.get(f"http://{HOST}:{port}/metrics", timeout=10).text
+        for part in ("tokenize", "inference"):
+            pat = r'^modelserver_cpu_seconds_total\{[^}]*part="' + part + r'"[^}]*\} (\S+)$'
+            m = re.search(pat, text, re.M)
+            out[part] = float(m.group(1)) if m else 0.0
+    return out
+
+
+def cpu_split(before: dict[str, float], after: dict[str, float], requests: int) -> dict[str, float]:
+    """CPU milliseconds per answered request: the whole server and, for modelserver, its parts: "http" is the
+    event-loop thread minus tokenizing (HTTP, the door, batching, encoding), "tokenize" the tokenizer's
+    thread CPU, "model" every other thread (the inference thread and torch's intra-op threads)."""
+    d = {k: after[k] - before[k] for k in after}
+    n = max(requests, 1)
+    out = {"total_ms": round(d["total"] * 1000 / n, 3)}
+    if "loop" in d:
+        out["http_ms"] = round((d["loop"] - d["tokenize"]) * 1000 / n, 3)
+        out["tokenize_ms"] = round(d["tokenize"] * 1000 / n, 3)
+        out["model_ms"] = round((d["total"] - d["loop"]) * 1000 / n, 3)
+        out["inference_thread_ms"] = round(d["inference"] * 1000 / n, 3)
+    return out
+
+
+def measure(
+    port: int, pid: int, reqs: list[tuple[bytes, int]], rates: list[float] | None, parts: bool
+) -> dict[str, Any]:
+    """Closed loop (with the CPU per request over its window), then Poisson at ``rates`` (None: 1.5x and
+    2x this server's closed-loop rate)."""
+    snaps: list[dict[str, float]] = []
+
+    def sample() -> None:  # CPU at the start and the end of the measured window
+        time.sleep(3.0)
+        snaps.append(cpu_snapshot(pid, port if parts else None))
+        time.sleep(SECONDS)
+        snaps.append(cpu_snapshot(pid, port if parts else None))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     closed = asyncio.run(closed_loop(HOST, port, reqs, CLIENTS, 3.0, SECONDS))
+    sampler.join(10)
     out: dict[str, Any] = {"closed": summary(closed, SECONDS)}
+    if len(snaps) == 2:
+        out["cpu_per_request"] = cpu_split(snaps[0], snaps[1], closed.completed)
     if rates is None:
         rates = [k * closed.items_per_s for k in OVERLOADS]
     for name, rate in zip(("1.5x", "2x"), rates, strict=True):
@@ -164,7 +222,7 @@ def main() -> int:
     ms = Proc(ms_args, "modelserver-mosec-peer", log_dir)
     try:
         ms.wait_ready()
-        doc["modelserver"] = measure(ms.port, requests_for(texts, "modelserver"), None)
+        doc["modelserver"] = measure(ms.port, ms.proc.pid, requests_for(texts, "modelserver"), None, True)
         rates = [doc["modelserver"][k]["rate"] for k in ("1.5x", "2x")]
     finally:
         ms.stop()
@@ -179,14 +237,18 @@ def main() -> int:
         )
         try:
             wait_mosec(port, proc)
-            doc["mosec"] = measure(port, requests_for(texts, "mosec"), rates)
+            doc["mosec"] = measure(port, proc.pid, requests_for(texts, "mosec"), rates, False)
         finally:
             proc.terminate()
             proc.wait(30)
     doc["load_after"] = [round(x, 2) for x in os.getloadavg()]
     m, o = doc["modelserver"], doc["mosec"]
+    cpu_m, cpu_o = m.get("cpu_per_request", {}), o.get("cpu_per_request", {})
     doc["ratios"] = {
         "closed items/s modelserver/mosec": round(m["closed"]["items_per_s"] / o["closed"]["items_per_s"], 3),
+        "CPU per request modelserver/mosec": round(
+            cpu_m.get("total_ms", 0) / max(cpu_o.get("total_ms", 0), 1e-9), 3
+        ),
         **{
             f"goodput {k} modelserver/mosec": round(
                 m[k]["goodput_per_s"] / max(o[k]["goodput_per_s"], 0.1), 3
@@ -213,12 +275,31 @@ def markdown(doc: dict[str, Any]) -> str:
     ]
     for peer in ("modelserver", "mosec"):
         for phase, r in doc[peer].items():
+            if phase == "cpu_per_request":
+                continue
             rate = r.get("rate", "closed")
             lines.append(
                 f"| {peer} | {phase} | {rate} | {r['items_per_s']} | {r['goodput_per_s']} | {r['p50_ms']} | "
                 f"{r['p99_ms']} | {r['errors']} |"
             )
     lines += ["", "Ratios: " + ", ".join(f"{k} {v}" for k, v in doc["ratios"].items()), ""]
+    lines += [
+        "CPU milliseconds per answered request over the closed loop's window (process-tree CPU from /proc). "
+        "modelserver's split: http = its event-loop thread (HTTP, the door, batching, encoding) minus "
+        "tokenize; tokenize = thread CPU around the tokenizer "
+        '(`modelserver_cpu_seconds_total{part="tokenize"}`); model = every other thread (the inference '
+        'thread and torch\'s intra-op threads); the inference thread alone is `part="inference"`:',
+        "",
+        "| server | total | http | tokenize | model (all threads) | of it the inference thread |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for peer in ("modelserver", "mosec"):
+        c = doc[peer].get("cpu_per_request", {})
+        row = [
+            c.get(k, "-") for k in ("total_ms", "http_ms", "tokenize_ms", "model_ms", "inference_thread_ms")
+        ]
+        lines.append(f"| {peer} | " + " | ".join(str(x) for x in row) + " |")
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -94,6 +94,13 @@ class Metrics:
         self.queue_depth = Gauge(
             "modelserver_queue_depth", "Items waiting in the batching queue", labels, registry=r
         ).labels(*lv)
+        self.cpu_seconds = Counter(
+            "modelserver_cpu_seconds",
+            "Thread CPU seconds by part: tokenize (preprocess) and inference (the batch forward); the "
+            "process CPU minus these is the HTTP layer and the batching around them",
+            [*labels, "part"],
+            registry=r,
+        )
         self.rejected = Counter(
             "modelserver_rejected", "Requests rejected or expired, by reason", [*labels, "reason"], registry=r
         )

@@ -79,6 +79,9 @@ class ModelService:
         self.name = settings.model_name
         self.version = settings.model_version
         self.metrics = metrics or Metrics(self.name, self.version)
+        cpu = self.metrics.cpu_seconds
+        self._cpu_tokenize = cpu.labels(self.name, self.version, "tokenize")
+        self._cpu_inference = cpu.labels(self.name, self.version, "inference")
         self.state = "loading"
         self.error: str | None = None
         self.queue: BatchQueue | None = None
@@ -188,6 +191,14 @@ class ModelService:
         self.metrics.on_reject("not_ready")
         raise NotReady(f"model is not ready ({self.state})", retry_after=5.0)
 
+    def _timed_preprocess(self, inputs: dict[str, np.ndarray]) -> list[Any]:
+        """The model's preprocess, its thread CPU time counted as ``cpu_seconds{part="tokenize"}``."""
+        c0 = time.thread_time()
+        try:
+            return self.model.preprocess(inputs)
+        finally:
+            self._cpu_tokenize.inc(time.thread_time() - c0)
+
     async def _prepare(self, inputs: dict[str, np.ndarray]) -> list[Any]:
         """The model's preprocessing (tokenizing) of a request, after the checks that need none of it."""
         n, limit = item_count(inputs), self.settings.max_queue_size
@@ -199,8 +210,8 @@ class ModelService:
             if data_bytes(inputs) > OFF_LOOP_BYTES:
                 # a large input is tokenized on a worker thread: other requests are not stalled
                 loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(self._preprocessor, self.model.preprocess, inputs)
-            return self.model.preprocess(inputs)
+                return await loop.run_in_executor(self._preprocessor, self._timed_preprocess, inputs)
+            return self._timed_preprocess(inputs)
         except Exception as e:
             if getattr(e, "reason", None) == "too_long":
                 self.metrics.on_reject("too_long")
@@ -298,6 +309,7 @@ class ModelService:
         m = self.metrics
         m.batch_size.observe(batch.size)
         m.inference_duration.observe(seconds)
+        self._cpu_inference.inc(stats.cpu_s)
         m.padding_ratio.observe(batch.padding_ratio)
         for it in batch.items:
             m.queue_wait.observe(max(0.0, batch.formed_at - it.arrival))

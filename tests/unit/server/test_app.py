@@ -436,3 +436,45 @@ async def test_a_parameter_fastapi_refuses_is_a_400_with_an_error() -> None:
     assert bad.status_code == 400
     body = bad.json()
     assert set(body) == {"error"} and body["error"].startswith("query.n: "), body
+
+
+def _burn(seconds: float) -> None:
+    import time
+
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+async def test_cpu_seconds_count_tokenize_and_inference_thread_time() -> None:
+    """``modelserver_cpu_seconds_total{part}`` (issue 26's CPU split): the thread CPU spent in the model's
+    preprocess and in the batch forward, each counted where it runs (the event loop, the inference thread)."""
+    client, svc = await make_client()
+    preprocess, predict = svc.model.preprocess, svc.model.predict
+
+    def slow_preprocess(inputs):
+        _burn(0.05)
+        return preprocess(inputs)
+
+    def slow_predict(payloads):
+        _burn(0.08)
+        return predict(payloads)
+
+    svc.model.preprocess = slow_preprocess  # type: ignore[method-assign]
+    svc.worker.predict = slow_predict
+    try:
+        assert (await client.post("/v2/models/echo/infer", json=body(["a"]))).status_code == 200
+        text = (await client.get("/metrics")).text
+        got = {}
+        for part in ("tokenize", "inference"):
+            line = next(
+                ln
+                for ln in text.splitlines()
+                if ln.startswith("modelserver_cpu_seconds_total") and part in ln
+            )
+            got[part] = float(line.rsplit(" ", 1)[1])
+        assert 0.05 <= got["tokenize"] < 0.5, got
+        assert 0.08 <= got["inference"] < 0.5, got
+    finally:
+        await client.aclose()
+        await svc.drain()

@@ -1,0 +1,109 @@
+"""Issue 26's tail goals, modelserver next to mosec 0.9.8 (short texts, MiniLM, max batch 16, 10 ms, torch
+2 threads), bounded in time (about 3 minutes):
+
+(a) burst recovery: Poisson arrivals at ``rate`` for 40 s on a fresh server, then 15 s of saturation (64
+    closed-loop clients), then the same Poisson arrivals for 40 s; p50/p99 after / fresh (target <= 1.2x).
+(b) p99 at the same absolute rate, modelserver / mosec (fresh servers).
+
+``rate`` is 70 % of a rate the server sustains; ``python -m bench.serving_tail RATE``. Results:
+bench/results/serving_tail.md / .json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.serving import HOST, RESULTS, ROOT, Proc, free_port, log, make_workloads, modelserver_args
+from bench.serving_load import closed_loop, open_loop
+from bench.serving_mosec import MAX_BATCH, THREADS, WAIT_MS, requests_for, summary, wait_mosec
+
+PHASE_S = 40.0
+BURST_S = 15.0
+BURST_CLIENTS = 64
+
+
+def poisson(port: int, reqs: list[tuple[bytes, int]], rate: float) -> dict[str, Any]:
+    r = asyncio.run(open_loop(HOST, port, reqs, rate, PHASE_S, warmup_s=2.0, seed=26))
+    return {"rate": round(rate, 1), **summary(r, PHASE_S)}
+
+
+def run(rate: float) -> dict[str, Any]:
+    texts = make_workloads()["short"]
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-serving-tail-"))
+    out: dict[str, Any] = {}
+    args = modelserver_args(THREADS, "--max-batch-size", str(MAX_BATCH), "--max-queue-delay-ms", str(WAIT_MS))
+    ms = Proc(args, "modelserver-tail", log_dir)
+    try:
+        ms.wait_ready()
+        reqs = requests_for(texts, "modelserver")
+        out["modelserver fresh"] = poisson(ms.port, reqs, rate)
+        burst = asyncio.run(closed_loop(HOST, ms.port, reqs, BURST_CLIENTS, 0.0, BURST_S))
+        out["modelserver burst"] = summary(burst, BURST_S)
+        out["modelserver after burst"] = poisson(ms.port, reqs, rate)
+    finally:
+        ms.stop()
+    port = free_port()
+    with (log_dir / "mosec.log").open("wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.serving_mosec", "serve", str(port)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        try:
+            wait_mosec(port, proc)
+            out["mosec fresh"] = poisson(port, requests_for(texts, "mosec"), rate)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return out
+
+
+def main(rate: float) -> int:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
+    doc: dict[str, Any] = {
+        "commit": commit.stdout.strip(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "rate": rate,
+    }
+    doc["phases"] = run(rate)
+    doc["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    p = doc["phases"]
+    fresh, after, mosec = p["modelserver fresh"], p["modelserver after burst"], p["mosec fresh"]
+    doc["ratios"] = {
+        "(a) p50 after burst / fresh": round(after["p50_ms"] / fresh["p50_ms"], 3),
+        "(a) p99 after burst / fresh": round(after["p99_ms"] / fresh["p99_ms"], 3),
+        "(b) p99 modelserver / mosec": round(fresh["p99_ms"] / mosec["p99_ms"], 3),
+        "(b) p50 modelserver / mosec": round(fresh["p50_ms"] / mosec["p50_ms"], 3),
+    }
+    (RESULTS / "serving_tail.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [
+        "# Tail goals (issue 26): burst recovery and p99 vs mosec 0.9.8 at the same rate",
+        "",
+        f"Commit {doc['commit']}, started {doc['started']}, load average before {doc['load_before']}, after "
+        f"{doc['load_after']}. Short texts, MiniLM, max batch 16, 10 ms, torch 2 threads; Poisson "
+        f"{rate}/s for {PHASE_S:.0f} s per phase (latency from the scheduled arrival); burst: "
+        f"{BURST_CLIENTS} closed-loop clients for {BURST_S:.0f} s.",
+        "",
+        "| phase | ok items/s | p50 ms | p99 ms | refused/failed |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, r in p.items():
+        lines.append(f"| {name} | {r['items_per_s']} | {r['p50_ms']} | {r['p99_ms']} | {r['errors']} |")
+    lines += ["", "Ratios: " + ", ".join(f"{k} {v}" for k, v in doc["ratios"].items()), ""]
+    (RESULTS / "serving_tail.md").write_text("\n".join(lines))
+    log(json.dumps(doc["ratios"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(float(sys.argv[1])))
