@@ -3,6 +3,7 @@ achieved weight, and the readiness-gate flips that make it so (part of :mod:`mod
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -13,11 +14,17 @@ from .rollout_types import Decision, Target
 from .status import PodFacts, RevisionCounts
 
 
+@functools.lru_cache(maxsize=4096)
 def replica_split(replicas: int, weight: int) -> tuple[int, int]:
     """(canary pods, stable pods in traffic) whose share ``c / (c + s)`` is closest to ``weight`` %.
 
     At least one pod of each below 100 %, at most ``replicas`` of each, together at least ``replicas``
     (capacity never drops during a canary); ties go to fewer canary pods.
+
+    Linear in ``replicas`` (four candidate ``s`` per ``c``; the unit tests check it against every pair),
+    not a closed form: the bounds and the tie rule make one easy to get subtly wrong, and the search
+    takes 2.5 ms at the API's 1000 replicas on this machine (0.02 ms at 10), once per (replicas,
+    weight) -- the answers are cached, so the up to three calls per reconcile cost one.
     """
     if replicas <= 0:
         return 0, 0
