@@ -11,6 +11,7 @@ rate for both servers. mosec is installed for the bench only (Makefile ``bench-s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,26 @@ def requests_for(texts: list[str], peer: str) -> list[tuple[bytes, int]]:
             body, path = orjson.dumps(doc), f"/v2/models/{MODEL_NAME}/infer"
         out.append((build_request(HOST, path, body), 1))
     return out
+
+
+@contextlib.contextmanager
+def mosec_server(log_dir: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """The mosec peer (``serve``, below) on a free port, its output in ``log_dir/mosec.log``: (port,
+    process) once it answers; terminated on the way out."""
+    port = free_port()
+    with (log_dir / "mosec.log").open("wb") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.serving_mosec", "serve", str(port)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        try:
+            wait_mosec(port, proc)
+            yield port, proc
+        finally:
+            proc.terminate()
+            proc.wait(30)
 
 
 def wait_mosec(port: int, proc: subprocess.Popen[bytes], timeout: float = 300.0) -> None:
@@ -226,21 +248,8 @@ def main() -> int:
         rates = [doc["modelserver"][k]["rate"] for k in ("1.5x", "2x")]
     finally:
         ms.stop()
-    port = free_port()
-    log_path = log_dir / "mosec.log"
-    with log_path.open("wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.serving_mosec", "serve", str(port)],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-        try:
-            wait_mosec(port, proc)
-            doc["mosec"] = measure(port, proc.pid, requests_for(texts, "mosec"), rates, False)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    with mosec_server(log_dir) as (port, proc):
+        doc["mosec"] = measure(port, proc.pid, requests_for(texts, "mosec"), rates, False)
     doc["load_after"] = [round(x, 2) for x in os.getloadavg()]
     m, o = doc["modelserver"], doc["mosec"]
     cpu_m, cpu_o = m.get("cpu_per_request", {}), o.get("cpu_per_request", {})

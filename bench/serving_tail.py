@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.serving import HOST, RESULTS, ROOT, Proc, free_port, log, make_workloads, modelserver_args
+from bench.serving import HOST, RESULTS, ROOT, Proc, log, make_workloads, modelserver_args
 from bench.serving_load import closed_loop, open_loop
-from bench.serving_mosec import MAX_BATCH, THREADS, WAIT_MS, requests_for, summary, wait_mosec
+from bench.serving_mosec import MAX_BATCH, THREADS, WAIT_MS, mosec_server, requests_for, summary
 
 PHASE_S = 40.0
 BURST_S = 15.0
@@ -50,20 +50,8 @@ def run(rate: float) -> dict[str, Any]:
         out["modelserver after burst"] = poisson(ms.port, reqs, rate)
     finally:
         ms.stop()
-    port = free_port()
-    with (log_dir / "mosec.log").open("wb") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.serving_mosec", "serve", str(port)],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-        try:
-            wait_mosec(port, proc)
-            out["mosec fresh"] = poisson(port, requests_for(texts, "mosec"), rate)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    with mosec_server(log_dir) as (port, _):
+        out["mosec fresh"] = poisson(port, requests_for(texts, "mosec"), rate)
     return out
 
 
