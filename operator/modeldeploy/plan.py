@@ -38,7 +38,14 @@ from .status import (
     pod_facts,
 )
 from .status_build import compute_status
-from .traffic_split import pod_gates, routable, route_stable, route_weight, with_endpoints
+from .traffic_split import (
+    deployment_replicas,
+    pod_gates,
+    routable,
+    route_stable,
+    route_weight,
+    with_endpoints,
+)
 
 
 @dataclass
@@ -255,7 +262,7 @@ def desired_children(
     in_traffic = {t.revision: t.in_traffic_pods for t in targets}
     desired: list[dict[str, Any]] = []
     for t in targets:
-        desired.append(builders.build_deployment(md, t.spec, t.revision, t.replicas))
+        desired.append(builders.build_deployment(md, t.spec, t.revision, deployment_replicas(t, counts)))
     desired.append(builders.build_model_service(md))
     for t in targets:
         publish = mirror is not None and mirror.target == t.revision and in_traffic.get(t.revision, 0) == 0

@@ -56,6 +56,16 @@ def achieved_weight(canary_in: int, stable_in: int) -> int | None:
     return round(100 * canary_in / total) if total else None
 
 
+def deployment_replicas(target: Target, counts: Mapping[str, RevisionCounts]) -> int:
+    """The replicas to write to ``target``'s Deployment: the planned ones, never fewer than its pods that
+    are Ready now. So a scale-in takes two rounds: the gates take the extra pods out of traffic, the
+    kubelet turns them not Ready, and only then does the Deployment shrink -- its ReplicaSet deletes
+    not-ready pods first, so it deletes those. Scaled at once, the ReplicaSet, which still saw every pod
+    Ready, could delete the pods the gates kept in traffic (its order is its own) and leave the revision
+    serving from none: every client on the other revision until the next reconcile."""
+    return max(target.replicas, counts.get(target.revision, RevisionCounts()).in_traffic)
+
+
 def pod_gates(facts: Sequence[PodFacts], targets: Sequence[Target]) -> list[tuple[str, bool]]:
     """Pods whose in-traffic condition must change so that each revision has ``in_traffic_pods`` in.
 

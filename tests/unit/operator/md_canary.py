@@ -214,7 +214,9 @@ class World:
                 self.fake.objects.pop(("Pod", "default", p["metadata"]["name"]))
         for rev, want in deps.items():
             have = self.pods(rev)
-            # the ReplicaSet deletes not-ready pods first, then the newest
+            # the ReplicaSet deletes not-ready pods first (by the Ready it last saw: the kubelet's step
+            # below has not yet followed a gate the operator just set), then in an order of its own --
+            # here by name, the order in which the operator keeps pods in traffic, so that the two collide
             have.sort(key=lambda p: (_cond(p, "Ready") == "True", p["metadata"]["name"]))
             for p in have[: max(0, len(have) - want)]:
                 self.fake.objects.pop(("Pod", "default", p["metadata"]["name"]))

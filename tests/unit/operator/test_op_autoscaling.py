@@ -127,6 +127,48 @@ def test_hpa_scaling_during_a_canary_keeps_the_weight_within_one_pod():
         assert w.status["servingReplicas"] == replicas
 
 
+@pytest.mark.parametrize("replicas", [2, 1])
+def test_scaling_in_during_a_canary_never_leaves_a_revision_without_a_pod_in_traffic(replicas):
+    """The autoscaler scales in (4 -> 2 or 1) while a canary is at 50 %. The operator takes the extra pods
+    out of traffic and the ReplicaSets delete pods; the kubelet turns a gated-out pod not Ready only a
+    moment later, so a ReplicaSet that scaled at once could delete the very pod the operator kept in
+    traffic (its order is its own): the revision would serve from no pod and every client would go to
+    the other one (CI saw it: achieved 100 % at a 50 % step). After every reconcile and every round of
+    the cluster's controllers each revision keeps a pod in traffic; then the split is 1 + 1."""
+    w = World(canary_md(replicas=4, steps=[50, 100], interval="10m"))
+    w.edit(autoscaling={**AUTOSCALING, "maxReplicas": 12})
+    stable = w.deploy_first()
+    canary = w.new_version("2")
+    w.run_for(3)
+    assert (w.in_traffic(canary), w.in_traffic(stable)) == (2, 2)
+    empty: list[str] = []
+    reconcile, controllers = w.rec.reconcile, w.controllers
+
+    def check(when: str) -> None:
+        for rev in (stable, canary):
+            if w.in_traffic(rev) == 0:
+                empty.append(f"{when}: {rev} has no pod in traffic ({w.gated(rev)})")
+
+    def checked_reconcile(ns: str, name: str):
+        out = reconcile(ns, name)
+        check("after a reconcile")
+        return out
+
+    def checked_controllers() -> None:
+        controllers()
+        check("after the controllers")
+
+    w.rec.reconcile, w.controllers = checked_reconcile, checked_controllers  # type: ignore[method-assign]
+    w.raw["spec"]["replicas"] = replicas  # what the HPA does
+    w.raw["metadata"]["generation"] += 1
+    w.run_for(5)
+    assert empty == []
+    assert (w.in_traffic(canary), w.in_traffic(stable)) == (1, 1)
+    # and the extra pods are gone: the canary keeps its pod, the stable its full count (one in traffic)
+    assert (len(w.pods(canary)), len(w.pods(stable))) == (1, replicas)
+    assert w.status["achievedCanaryWeight"] == 50
+
+
 def gen_md(**autoscaling) -> ModelDeployment:
     body = canary_md()
     body["spec"]["model"]["task"] = "generation"
