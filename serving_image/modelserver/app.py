@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from . import __version__
 from . import openai_embeddings as oai_emb
 from .batching import BatchingError
-from .door import EMBEDDINGS_PATH, RID_OK, Door, arrival, is_infer, request_id
+from .door import EMBEDDINGS_PATH, MAX_BODY, RID_OK, Door, arrival, drain_body, is_infer, request_id
 from .errors import (
     InvalidInput,
     NotFound,
@@ -66,7 +66,6 @@ from .shadow import ShadowMirror
 
 log = logging.getLogger("modelserver.http")
 
-MAX_BODY = 64 * 1024 * 1024
 JSON = "application/json"
 
 #: the revision this server belongs to (the operator sets MODELDEPLOY_REVISION on the server container),
@@ -427,7 +426,11 @@ class ModelServerApp(FastAPI):
 
     async def _infer_admitted(self, request: Request, name: str, version: str | None) -> Response:
         svc = self.service
-        self._check_model(name, version)
+        try:
+            self._check_model(name, version)
+        except NotFound:
+            await drain_body(request.receive)  # answered from the path alone: no reset to the body
+            raise
         header_len = encoding = None
         for k, v in request.scope["headers"]:
             if k == b"inference-header-content-length":

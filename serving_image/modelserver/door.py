@@ -7,13 +7,20 @@ tokenizing is part of it, not only the time in the batch queue.
 
 Infer requests (``POST .../infer`` and ``/v1/embeddings``) are counted from that moment to their answer;
 beyond ``max_concurrent_requests`` the door answers ``503`` with ``Retry-After`` and ``{"error": ...}``
-itself, with two ASGI messages built from constants: no routing, no middleware, no body read, no JSON
-decoding -- a refusal costs the event loop a few microseconds, so an overloaded server spends its CPU on
-the requests it admitted.
+itself, with two ASGI messages built from constants: no routing, no middleware, no JSON decoding -- a
+refusal costs the event loop a few microseconds, so an overloaded server spends its CPU on the requests it
+admitted.
+
+The refusal still reads the request's body (and drops it, :func:`drain_body`) before it answers: answered
+and closed before the body came, the server's kernel would answer the body with a reset, and behind
+kube-proxy a reset leaves a conntrack entry that a new connection reusing the client's port follows to
+this pod, even once the pod is gone (tests/integration/server/test_early_answers.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import time
 import uuid
@@ -28,6 +35,38 @@ ARRIVAL = "modelserver.arrival"
 #: OpenAI's embeddings route (modelserver.openai_embeddings): counted and limited as infer requests are
 EMBEDDINGS_PATH = "/v1/embeddings"
 RID_OK = re.compile(r"^[\x21-\x7e]{1,128}$")
+
+
+#: how long an answer that needs no body waits for the rest of it (then it answers anyway)
+DRAIN_TIMEOUT_S = 1.0
+#: the largest request body the server reads (beyond it: 413), and the most an early answer drops
+MAX_BODY = 64 * 1024 * 1024
+
+
+async def drain_body(receive: Receive, limit: int = MAX_BODY, timeout_s: float = DRAIN_TIMEOUT_S) -> None:
+    """Read and drop the request's body before an answer given without it (a refusal, an unknown model).
+
+    Clients write a request's head and body in two writes; answered and closed (``Connection: close``)
+    before the body arrived, the socket meets the body closed and the kernel resets the connection.
+    Behind kube-proxy the reset leaves the connection's conntrack entry in CLOSE, which a new connection
+    from the same client port does not reopen: it follows the entry's old translation to this pod, or to
+    its address once the pod is gone (ENETUNREACH). Bounded, so a client that never sends its body (or
+    sends too much) holds nothing: at most ``limit`` bytes, for at most ``timeout_s`` seconds. Only for a
+    request whose body nothing has read yet (after the body, ``receive`` waits for the disconnect)."""
+
+    async def drop() -> None:
+        size = 0
+        while size <= limit:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return
+            size += len(msg.get("body", b""))
+            if not msg.get("more_body", False):
+                return
+
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):  # no task of its own: a body already there costs no loop turn
+            await drop()
 
 
 def request_id(scope: Scope) -> str:
@@ -95,6 +134,7 @@ class Door:
             await app(scope, receive, send)
             return
         if self.inside >= self.limit:
+            await drain_body(receive)
             await self.refuse(scope, send)
             return
         self.inside += 1

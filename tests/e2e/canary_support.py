@@ -51,6 +51,51 @@ NO_REVISION = "(none)"
 GATEWAY_PARENT = {"name": "public-gateway", "namespace": "gateway-system"}
 
 
+def _netns_out(net: Any, *argv: str) -> str:
+    res = subprocess.run([*net.exec_prefix(), *argv], capture_output=True, text=True, timeout=10)
+    return res.stdout
+
+
+def _data_plane_lines(net: Any, url: str, service: str) -> list[str]:
+    """Inside the pod network at an ENETUNREACH: the conntrack entries to the Service's ClusterIP (their
+    state and the endpoint they were translated to), the endpoints kube-proxy's rules hold for it, and
+    kube-proxy's own account of how late its rules were (network programming latency, last sync)."""
+    host = url.split("//", 1)[-1].split(":", 1)[0]
+    out = []
+    if host:
+        tracked = [
+            ln for ln in _netns_out(net, "cat", "/proc/net/nf_conntrack").splitlines() if f"dst={host} " in ln
+        ]
+        out.append(f"conntrack to {host}: {len(tracked)} entries")
+        states = Counter(
+            " ".join(w for w in ln.split() if w.isupper() or w.startswith("src=10.244")) for ln in tracked
+        )
+        out.extend(f"  {n} x {key}" for key, n in states.most_common(12))
+    rules = _netns_out(net, "nft", "list", "table", "ip", "kube-proxy")
+    out.append(
+        "kube-proxy endpoints: "
+        + " ".join(sorted({w for w in rules.split() if w.startswith("endpoint-") and service in w}))
+    )
+    try:
+        metrics = httpx.get(f"http://{net.anchor_ip}:10249/metrics", timeout=3).text
+        out.extend(
+            ln
+            for ln in metrics.splitlines()
+            if ln.startswith(
+                (
+                    'kubeproxy_network_programming_duration_seconds_bucket{le="5"',
+                    'kubeproxy_network_programming_duration_seconds_bucket{le="+Inf"',
+                    "kubeproxy_network_programming_duration_seconds_sum",
+                    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                )
+            )
+        )
+        out.append(f"now (wall clock): {time.time():.1f}")
+    except httpx.HTTPError as exc:
+        out.append(f"kube-proxy metrics: {exc}")
+    return out
+
+
 class LoadGeneratorError(AssertionError):
     """The load generator itself failed (a worker died): its records can't be trusted."""
 
@@ -230,6 +275,7 @@ class LoadGenerator:
                 net = PodNetwork(rec.pod_network_index)
                 res = subprocess.run(["ip", "-n", net.netns, "-br", "addr"], capture_output=True, text=True)
                 lines.append("pod network: " + " | ".join(res.stdout.split("\n")))
+                lines.extend(_data_plane_lines(net, self.url or "", f"{self.ns}/{self.name}"))
             slices = self.kube.get(
                 f"/apis/discovery.k8s.io/v1/namespaces/{self.ns}/endpointslices?labelSelector="
                 f"kubernetes.io/service-name={self.name}"

@@ -13,6 +13,7 @@ from conftest import fixed_cost
 from modelserver.app import ModelServerApp
 from modelserver.batching import DeadlineExpired
 from modelserver.config import load_settings
+from modelserver.door import drain_body
 from modelserver.loader import create_model
 from modelserver.service import ModelService
 
@@ -72,16 +73,22 @@ async def test_the_deadline_counts_from_the_arrival_at_the_door() -> None:
         await svc.drain()
 
 
-async def test_beyond_the_bound_the_door_answers_without_reading_or_routing() -> None:
+async def test_beyond_the_bound_the_door_answers_without_decoding_or_routing() -> None:
     """With the bound reached, a request is answered 503 + Retry-After with a JSON error by the door itself:
-    its body is never read, the application's middleware never sees it (the in-flight gauge does not move),
-    and it is counted as overloaded."""
+    its body is read to its end and dropped (answered before it, the body would meet a closed socket and a
+    reset: tests/integration/server/test_early_answers.py) and only then answered, the application's
+    middleware never sees it (the in-flight gauge does not move), and it is counted as overloaded."""
     app, svc = await make_app("--max-concurrent-requests", "2")
     app.door.inside = 2  # two requests admitted and not yet answered
     sent: list[dict[str, Any]] = []
+    chunks = [{"type": "http.request", "body": b"x" * 60, "more_body": True}]
+    chunks.append({"type": "http.request", "body": b"x" * 40, "more_body": False})
 
     async def receive() -> dict[str, Any]:
-        raise AssertionError("the door read the body")
+        assert not sent, "the door answered before the body came"
+        if not chunks:
+            raise AssertionError("the door read past the end of the body")
+        return chunks.pop(0)
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
@@ -104,6 +111,7 @@ async def test_beyond_the_bound_the_door_answers_without_reading_or_routing() ->
         assert int(headers[b"content-length"]) == len(end["body"])
         assert svc.metrics.inflight._value.get() == 0
         assert app.door.inside == 2 and app.door.refused == 1
+        assert chunks == []  # the whole body was read
         text = svc.metrics.exposition().decode()
         assert 'reason="overloaded",version="3"} 1.0' in text
         assert 'modelserver_requests_total{code="503",model="echo",version="3"} 1.0' in text
@@ -190,3 +198,24 @@ async def test_overload_played_in_process_every_answer_in_time_the_rest_refused_
     finally:
         await client.aclose()
         await svc.drain()
+
+
+async def test_draining_a_body_is_bounded_in_time_and_bytes() -> None:
+    """A client that never sends its body, or sends more than the server reads, holds the early answer
+    at most the drain's timeout and limit."""
+    reads = 0
+
+    async def never() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    async def endless() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        return {"type": "http.request", "body": b"x" * 1000, "more_body": True}
+
+    t0 = time.monotonic()
+    await drain_body(never, timeout_s=0.05)
+    assert time.monotonic() - t0 < 1.0
+    await drain_body(endless, limit=10_000, timeout_s=5.0)
+    assert reads == 11  # stopped once past the limit
