@@ -105,7 +105,7 @@ class BatchWorker:
                 continue
             if len(live) != len(batch.items):
                 batch = Batch(live, max(i.length for i in live), batch.formed_at)
-            q.in_flight_s = q.cost.predict(batch.size, batch.padded_length)
+            predicted = q.in_flight_s = q.cost.predict(batch.size, batch.padded_length)
             try:
                 results, seconds, stats = await loop.run_in_executor(self.executor, self._run_sync, batch)
             except Exception as exc:  # the split runner does not raise; this is a bug guard
@@ -132,6 +132,7 @@ class BatchWorker:
                     fut.set_exception(res)
                 else:
                     fut.set_result(res)
+            q.record_answered(batch, predicted)
             if self.sink is not None:
                 try:
                     self.sink.on_batch(batch, seconds, stats)

@@ -172,6 +172,10 @@ class BatchQueue:
         self.recent_batch_s = 0.0  # EMA of batch latency
         self.excess_s = 0.0  # EMA of measured minus predicted latency of batches of 1-2 items
         self.in_flight_s = 0.0  # estimated remaining time of the batch being run
+        #: how much later than predicted recent batches handed their answers back (a decaying maximum): the
+        #: dispatch check adds it, so answers are not late by what the prediction leaves out (the thread
+        #: hand-offs, an event loop busy with other requests, a slower machine than the cost model saw)
+        self.overrun_s = 0.0
 
     # -- state -----------------------------------------------------------------------------------------
     @property
@@ -385,7 +389,7 @@ class BatchQueue:
         """The items of a batch about to run that it would finish before their deadline (by the cost model);
         the others fail now with :class:`DeadlineExpired` (504 + ``Retry-After``), not run: an answer after
         the deadline is worth nothing to the caller and costs the requests behind it."""
-        end = now + self.cost.predict(len(items), max(it.length for it in items))
+        end = now + self.cost.predict(len(items), max(it.length for it in items)) + self.overrun_s
         if all(it.deadline >= end for it in items):
             return items
         keep = []
@@ -450,6 +454,12 @@ class BatchQueue:
         self.recent_batch_s = (
             seconds if self.recent_batch_s == 0 else (1 - a) * self.recent_batch_s + a * seconds
         )
+
+    def record_answered(self, batch: Batch, predicted_s: float) -> None:
+        """A batch's answers were handed back now, ``predicted_s`` (the cost model's time) after it was
+        formed: how much later than that feeds :attr:`overrun_s`, a maximum that decays by 10 % a batch."""
+        late = self.clock() - batch.formed_at - predicted_s
+        self.overrun_s = max(late, 0.9 * self.overrun_s, 0.0)
 
     def lower_budget_after_oom(self, batch: Batch) -> None:
         new = max(batch.padded_length, batch.padded_tokens // 2)
