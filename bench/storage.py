@@ -12,7 +12,10 @@ One run, on a fresh local cluster (no KEDA):
    * ``fetch``: ``python -m modelserver.fetch --uri s3://... --dest DIR``, the real CLI, default settings
      (10 concurrent requests, 8 MiB ranges, store checksums checked: the objects' CRC32 flexible
      checksums, which boto3 writes on upload, else their ETags);
-   * ``fetch --etag-check off``: the same without checking any store checksum.
+   * ``fetch --etag-check off``: the same without checking any store checksum;
+   * ``fetch (CRC64NVME)``: the CLI again, on a copy of the model uploaded with ``ChecksumAlgorithm=
+     CRC64NVME`` (what S3 gives every new object), checked with it through ``awscrt`` (before awscrt was in
+     the image, such objects fell back to the MD5 ETag).
 
    Each is its own Python process (the same interpreter, so each pays the same start-up and ``import
    boto3``), timed from spawn to exit; the order rotates per round. Medians over the rounds, and the
@@ -62,7 +65,7 @@ RESULTS = REPO_ROOT / "bench" / "results" / "storage.json"
 RESULTS_MD = REPO_ROOT / "bench" / "results" / "storage.md"
 NAMESPACE = "bench-storage"
 BUCKET = "bench-models"
-TARGET_RATIO = 0.9
+TARGET_RATIO = 0.95  # issue 12 asked 0.9x; issue 28 0.95x once awscrt computes the checksums
 MIB = 1 << 20
 #: the generated model: (relative path, size in bytes)
 MODEL_FILES = (
@@ -161,9 +164,9 @@ def s3_env(s3: ObjectStore) -> dict[str, str]:
 
 def one_download(
     method: str, s3: ObjectStore, prefix: str, dest: Path, work: Path
-) -> tuple[float, float | None]:
+) -> tuple[float, float | None, dict[str, int] | None]:
     """Download ``s3://BUCKET/prefix/`` into ``dest`` with ``method``: (wall seconds of the process, the
-    seconds it reports itself)."""
+    seconds it reports itself, how the fetch checked the objects: check -> objects)."""
     env = s3_env(s3)
     if method == "plain":
         argv = [sys.executable, "-c", PLAIN, BUCKET, f"{prefix}/", str(dest)]
@@ -177,7 +180,7 @@ def one_download(
     wall = time.monotonic() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{method} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    inner = None
+    inner, checks = None, None
     for line in proc.stdout.splitlines():
         try:
             doc = json.loads(line)
@@ -185,21 +188,29 @@ def one_download(
             continue
         if method == "plain" or doc.get("event") == "done":
             inner = float(doc["seconds"])
-    return wall, inner
+        if doc.get("event") == "store_checksums":
+            checks = doc.get("checks")
+    return wall, inner, checks
 
 
-METHODS = ("plain", "fetch", "fetch-etag-off")
+METHODS = ("plain", "fetch", "fetch-etag-off", "fetch-crc64nvme")
+#: the copy of the model each method downloads: "crc32" (boto3's default upload) or "crc64nvme"
+COPY = {"plain": "crc32", "fetch": "crc32", "fetch-etag-off": "crc32", "fetch-crc64nvme": "crc64nvme"}
 
 
-def throughput(s3: ObjectStore, prefix: str, model: Path, total: int, rounds: int, work: Path) -> dict:
+def throughput(
+    s3: ObjectStore, prefixes: dict[str, str], model: Path, total: int, rounds: int, work: Path
+) -> dict:
+    """``prefixes``: each copy of the model (:data:`COPY`) -> its prefix."""
     want_sizes = sizes(model)
     want_digests = digests(model)
     runs: dict[str, list[dict[str, float | None]]] = {m: [] for m in METHODS}
+    checks: dict[str, dict[str, int] | None] = {}
     for r in range(rounds):
-        order = METHODS[r % 3 :] + METHODS[: r % 3]
+        order = METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]
         for method in order:
             dest = work / f"dest-{method}-{r}"
-            wall, inner = one_download(method, s3, prefix, dest, work)
+            wall, inner, checks[method] = one_download(method, s3, prefixes[COPY[method]], dest, work)
             got = sizes(dest)
             if got != want_sizes:
                 raise RuntimeError(f"{method}: wrong files {got} != {want_sizes}")
@@ -218,7 +229,7 @@ def throughput(s3: ObjectStore, prefix: str, model: Path, total: int, rounds: in
     def med(method: str, key: str) -> float:
         return statistics.median(float(x[key]) for x in runs[method] if x[key] is not None)  # type: ignore[arg-type]
 
-    out: dict[str, Any] = {"rounds": rounds, "runs": runs, "median": {}}
+    out: dict[str, Any] = {"rounds": rounds, "runs": runs, "median": {}, "checks": checks}
     for m in METHODS:
         w = med(m, "wall_seconds")
         out["median"][m] = {
@@ -227,7 +238,7 @@ def throughput(s3: ObjectStore, prefix: str, model: Path, total: int, rounds: in
             "mb_s": _r(total / w / 1e6, 1),
         }
     plain = out["median"]["plain"]
-    for m in ("fetch", "fetch-etag-off"):
+    for m in METHODS[1:]:
         out[f"ratio_{m.replace('-', '_')}"] = _r(plain["wall_seconds"] / out["median"][m]["wall_seconds"], 2)
         out[f"ratio_inner_{m.replace('-', '_')}"] = _r(
             plain["inner_seconds"] / out["median"][m]["inner_seconds"], 2
@@ -446,28 +457,32 @@ def markdown(r: dict[str, Any]) -> str:
         "Each download is a process of its own, timed from spawn to exit (interpreter start-up and "
         '`import boto3` included on every side); "own" is the time the process reports itself.',
         "",
-        "| method | wall (median) | throughput | own time | vs plain boto3 |",
-        "|---|---|---|---|---|",
+        "| method | wall (median) | throughput | own time | vs plain boto3 | objects checked by |",
+        "|---|---|---|---|---|---|",
     ]
     names = {
         "plain": "plain boto3 (`list_objects_v2` + `download_file` per object, default TransferConfig)",
         "fetch": "`python -m modelserver.fetch` (defaults: every object checked against its CRC32)",
         "fetch-etag-off": "`python -m modelserver.fetch --etag-check off`",
+        "fetch-crc64nvme": "`python -m modelserver.fetch`, a copy uploaded with CRC64NVME checksums",
     }
     for m in METHODS:
         x = t["median"][m]
         ratio = "1.00x" if m == "plain" else f"**{t['ratio_' + m.replace('-', '_')]:.2f}x**"
+        how = t.get("checks", {}).get(m)
+        checked = ", ".join(f"{k}: {v}" for k, v in sorted(how.items())) if how else "-"
         lines.append(
             f"| {names[m]} | {x['wall_seconds']:.2f} s | {x['mb_s']} MB/s "
-            f"| {x['inner_seconds']:.2f} s | {ratio} |"
+            f"| {x['inner_seconds']:.2f} s | {ratio} | {checked} |"
         )
     verdict = "met" if t["ratio_fetch"] >= TARGET_RATIO else "not met"
     lines += [
         "",
         f"Ratio = plain wall time / CLI wall time (= throughput ratio). Target >= {TARGET_RATIO}x with the "
         f"defaults: **{verdict}** ({t['ratio_fetch']:.2f}x; per round {t['ratio_per_round_fetch']}; on the "
-        f"processes' own times {t['ratio_inner_fetch']:.2f}x). Every download was checked (sizes; sha256 "
-        "of every file in round 1).",
+        f"processes' own times {t['ratio_inner_fetch']:.2f}x); on the CRC64NVME copy "
+        f"{t['ratio_fetch_crc64nvme']:.2f}x. Every download was checked (sizes; sha256 of every file in "
+        "round 1).",
         "",
         "## Pod-Ready time, `s3://` + `storage.nodeCache`, `format: noop`",
         "",
@@ -530,11 +545,13 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         for prefix in prefixes:
             s3.upload_dir(model, BUCKET, prefix)
+        s3.upload_dir(model, BUCKET, "model-crc64nvme", checksum="CRC64NVME")
         result["upload_seconds"] = _r(time.monotonic() - t, 1)
         print(f"uploaded {len(prefixes)} x {total / 1e6:.0f} MB in {result['upload_seconds']} s", flush=True)
 
         print(f"fetch throughput, {args.rounds} rounds", flush=True)
-        result["throughput"] = throughput(s3, prefixes[0], model, total, args.rounds, work)
+        copies = {"crc32": prefixes[0], "crc64nvme": "model-crc64nvme"}
+        result["throughput"] = throughput(s3, copies, model, total, args.rounds, work)
 
         print("pod-Ready time, cold vs node-cache hit", flush=True)
         install_crds(cluster)

@@ -15,7 +15,7 @@ The init container of an ``s3://`` ModelDeployment::
 * ``--sha256``: for one object, the sha256 of its bytes; for a prefix, the directory digest of the
   downloaded tree (``python -m modelserver digest DIR`` on the uploaded directory prints it; see
   docs/server.md). Independently, each object is checked against the store: first its flexible checksum
-  where the store has one we compute (CRC32, CRC32C, SHA-256, SHA-1; combined from the ranges, or per
+  where the store has one (CRC64NVME, CRC32C, CRC32, SHA-256, SHA-1; combined from the ranges, or per
   upload part), else its ETag where that is a checksum (MD5 of a single-part object, MD5 of part MD5s of a
   multipart one); see :mod:`.s3_plan`.
 * ``--max-bytes``: refuse (``TooLarge``) before downloading when the listed total is larger; a model larger
@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,9 +314,10 @@ def _download(
     )
     progress.maybe_log(force=True)
     checked = sum(1 for d in digests.values() if d.verified)
+    how = Counter(d.verified or "unchecked" for d in digests.values())
     log.info(
         f"store checksums verified for {checked} of {len(digests)} object(s)",
-        extra={"event": "store_checksums", "verified": checked, "objects": len(digests)},
+        extra={"event": "store_checksums", "verified": checked, "objects": len(digests), "checks": dict(how)},
     )
     return digests
 
@@ -541,8 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--etag-check",
         choices=("on", "off"),
         default="on",
-        help="check each object against the store's checksums: its flexible checksum (CRC32, SHA-256, "
-        "SHA-1) where it has one, else its ETag where that is an MD5 (default on)",
+        help="check each object against the store's checksums: its flexible checksum (CRC64NVME, CRC32C, "
+        "CRC32, SHA-256, SHA-1) where it has one, else its ETag where that is an MD5 (default on)",
     )
     return p
 

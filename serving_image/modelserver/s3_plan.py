@@ -43,7 +43,7 @@ class Plan:
     obj: RemoteObject
     #: the ranged-GET size (None: one GET)
     chunk: int | None
-    #: "flex": the store's flexible checksum (CRC32, SHA-256, SHA-1), from the ranges' digests;
+    #: "flex": the store's flexible checksum (a CRC, SHA-256, SHA-1), from the ranges' digests;
     #: "md5": one GET, MD5 as it streams; "multipart": one GET per upload part; "reread": hash the file
     #: afterwards; "none": the ETag is no checksum; "off": not asked for
     check: str

@@ -239,7 +239,7 @@ def download(
 
     Objects go in groups of equal ranged-GET size (one s3transfer TransferManager each, one group after the
     other, so that ``opts.concurrency`` bounds the requests in flight). Each range is hashed as it streams:
-    with the store's flexible checksum where it has one we compute (a FULL_OBJECT CRC32 is combined from
+    with the store's flexible checksum where it has one we compute (a FULL_OBJECT CRC is combined from
     ranges of any size; a COMPOSITE one needs one range per upload part), else with MD5 for the ETag (a
     multipart object's ranges are its upload parts; a single-part object up to ``single_stream_max``
     comes in one GET whose MD5 is its ETag)."""

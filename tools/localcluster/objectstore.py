@@ -137,15 +137,17 @@ class ObjectStore:
         with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
             s3.create_bucket(Bucket=name)
 
-    def upload_dir(self, local: Path, bucket: str, prefix: str = "") -> list[str]:
-        """Upload every file below ``local`` to ``bucket`` as ``prefix/<relative path>``; the keys, sorted."""
+    def upload_dir(self, local: Path, bucket: str, prefix: str = "", checksum: str = "") -> list[str]:
+        """Upload every file below ``local`` to ``bucket`` as ``prefix/<relative path>``; the keys, sorted.
+        ``checksum``: the flexible checksum the SDK sends (``CRC64NVME``, ...; default: the SDK's, CRC32)."""
         s3 = self.client()
+        extra = {"ChecksumAlgorithm": checksum} if checksum else None
         prefix = prefix.strip("/")
         keys = []
         for f in sorted(p for p in Path(local).rglob("*") if p.is_file()):
             rel = f.relative_to(local).as_posix()
             key = f"{prefix}/{rel}" if prefix else rel
-            s3.upload_file(str(f), bucket, key)
+            s3.upload_file(str(f), bucket, key, ExtraArgs=extra)
             keys.append(key)
         return keys
 

@@ -217,6 +217,7 @@ def test_large_objects_ranged_and_multipart_etag(s3_env, s3, bucket, tmp_path: P
     # both checked as they streamed: the multipart one part by part (5 MiB ranges, not 6), the other whole
     checked = [r for r in caplog.records if getattr(r, "event", "") == "store_checksums"]
     assert checked and checked[-1].verified == 2
+    assert sum(checked[-1].checks.values()) == 2 and "unchecked" not in checked[-1].checks  # how, by kind
 
 
 def test_flexible_crc32_checked_from_the_ranges_with_no_md5(s3_env, s3, bucket, tmp_path: Path, monkeypatch):
@@ -270,6 +271,50 @@ def test_flexible_crc32_checked_from_the_ranges_with_no_md5(s3_env, s3, bucket, 
     }
     assert read_tree(into) == {"big.bin": big, "multi.bin": multi, "small.bin": small}
     assert "MD5" not in used and used.count("CRC32") == 5 + 3 + 1  # big in 2 MiB ranges, 3 parts, 1 GET
+
+
+@pytest.mark.parametrize("algorithm", ["CRC64NVME", "CRC32C"])
+def test_crc64nvme_and_crc32c_objects_are_checked_from_the_ranges(
+    s3_env, s3, bucket, tmp_path: Path, monkeypatch, algorithm: str
+):
+    """The other CRCs a store lists (CRC64NVME is S3's default for new objects) are checked the same way,
+    from the ranges' CRCs combined by awscrt, not by falling back to the ETag (no MD5, no second read)."""
+    import modelserver.storage_s3 as s3mod
+
+    big, small = os.urandom(7 * MiB + 11), b"tiny" * 100
+    s3.put_object(Bucket=bucket, Key="m/big.bin", Body=big, ChecksumAlgorithm=algorithm)
+    s3.put_object(Bucket=bucket, Key="m/small.bin", Body=small, ChecksumAlgorithm=algorithm)
+    used: list[str] = []
+    real = s3_stream.new_hasher
+
+    def recording(name: str) -> Any:
+        used.append(name)
+        return real(name)
+
+    def no_reread(*a: Any, **kw: Any) -> Any:
+        raise AssertionError("the check read the file again")
+
+    monkeypatch.setattr(s3_stream, "new_hasher", recording)
+    for where in (s3_transfer, s3_verify):
+        monkeypatch.setattr(where, "hash_file", no_reread)
+    client = s3mod.make_client(S3Settings.from_env(), ClientOptions())
+    listing = s3mod.resolve(client, parse_s3_uri(f"s3://{bucket}/m/"))
+    assert all(algorithm in o.checksum_algorithms for o in listing.objects)
+    into = tmp_path / "out"
+    into.mkdir()
+    digests = s3mod.download(
+        client,
+        listing,
+        into,
+        opts=TransferOptions(threshold=2 * MiB, chunk_size=2 * MiB, concurrency=4),
+        progress=s3mod.Progress(listing.total_bytes),
+        want_sha256=False,
+        deadline=time.monotonic() + 60,
+    )
+    label = algorithm.lower()
+    assert {rel: d.verified for rel, d in digests.items()} == {"big.bin": label, "small.bin": label}
+    assert read_tree(into) == {"big.bin": big, "small.bin": small}
+    assert "MD5" not in used and used.count(algorithm) == 4 + 1  # big in 2 MiB ranges, small in 1 GET
 
 
 def test_a_flexible_checksum_mismatch_is_settled_by_the_etag(s3_env, s3, bucket, tmp_path: Path, caplog):
