@@ -6,11 +6,12 @@ An S3 object carries an ETag (the MD5 of a single-part upload's bytes, or the MD
 (the checksum of the parts' checksums plus ``-N``). The fetch checks one of them for every object.
 
 A flexible CRC is the cheapest check, and ``awscrt`` (the AWS Common Runtime, ``boto3[crt]``) computes and
-combines all three the store may list: CRC64NVME and CRC32C at about 22 GB/s on one core here, CRC32 at
-about 2.8 GB/s (zlib's: 2.6), MD5 at about 0.7 GB/s. A FULL_OBJECT CRC of ranges fetched in parallel is
-the combination of the ranges' CRCs (:func:`combine`, ``awscrt.checksums.combine_*``) with no byte read
-twice. SHA-1/SHA-256 checksums are checked where each range is a part (COMPOSITE) or the object comes in
-one GET.
+combines all three the store may list: CRC64NVME and CRC32C at about 22 GB/s on one core here; CRC32 is
+computed by zlib, 3.6 GB/s against awscrt's 2.6-3.0 in the stream's 8 KiB-1 MiB pieces (measured
+2026-12-05), and combined by awscrt; MD5 runs at about 0.7 GB/s. A FULL_OBJECT CRC of ranges fetched in
+parallel is the combination of the ranges' CRCs (:func:`combine`, ``awscrt.checksums.combine_*``) with no
+byte read twice. SHA-1/SHA-256 checksums are checked where each range is a part (COMPOSITE) or the object
+comes in one GET.
 
 Everything here is pure: digests in, verdicts out.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -45,7 +47,7 @@ class _CrcKind:
 
 
 _CRCS = {
-    "CRC32": _CrcKind(crt.crc32, crt.combine_crc32, 4),
+    "CRC32": _CrcKind(zlib.crc32, crt.combine_crc32, 4),  # zlib computes it faster (module doc)
     "CRC32C": _CrcKind(crt.crc32c, crt.combine_crc32c, 4),
     "CRC64NVME": _CrcKind(crt.crc64nvme, crt.combine_crc64nvme, 8),
 }
