@@ -220,6 +220,25 @@ def test_large_objects_ranged_and_multipart_etag(s3_env, s3, bucket, tmp_path: P
     assert sum(checked[-1].checks.values()) == 2 and "unchecked" not in checked[-1].checks  # how, by kind
 
 
+def hashers_used_and_no_reread(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The algorithms the download's stream hashers are made for, in order; reading a file again (the
+    check's fallback) fails the test."""
+    used: list[str] = []
+    real = s3_stream.new_hasher
+
+    def recording(algorithm: str) -> Any:
+        used.append(algorithm)
+        return real(algorithm)
+
+    def no_reread(*a: Any, **kw: Any) -> Any:
+        raise AssertionError("the check read the file again")
+
+    monkeypatch.setattr(s3_stream, "new_hasher", recording)
+    for where in (s3_transfer, s3_verify):  # the two places a file is read again
+        monkeypatch.setattr(where, "hash_file", no_reread)
+    return used
+
+
 def test_flexible_crc32_checked_from_the_ranges_with_no_md5(s3_env, s3, bucket, tmp_path: Path, monkeypatch):
     """Objects with a CRC32 flexible checksum (what current SDKs upload) are checked with it: a single-part
     object fetched in ranges of any size (the ranges' CRCs combined), a multipart one part by part, a small
@@ -237,19 +256,7 @@ def test_flexible_crc32_checked_from_the_ranges_with_no_md5(s3_env, s3, bucket, 
         Config=TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB),
     )
     s3.put_object(Bucket=bucket, Key="m/small.bin", Body=small)
-    used: list[str] = []
-    real = s3_stream.new_hasher
-
-    def recording(algorithm: str) -> Any:
-        used.append(algorithm)
-        return real(algorithm)
-
-    def no_reread(*a: Any, **kw: Any) -> Any:
-        raise AssertionError("the check read the file again")
-
-    monkeypatch.setattr(s3_stream, "new_hasher", recording)
-    for where in (s3_transfer, s3_verify):  # the two places a file is read again
-        monkeypatch.setattr(where, "hash_file", no_reread)
+    used = hashers_used_and_no_reread(monkeypatch)
     client = s3mod.make_client(S3Settings.from_env(), ClientOptions())
     listing = s3mod.resolve(client, parse_s3_uri(f"s3://{bucket}/m/"))
     assert all(o.checksum_algorithms == ("CRC32",) for o in listing.objects)
@@ -284,19 +291,7 @@ def test_crc64nvme_and_crc32c_objects_are_checked_from_the_ranges(
     big, small = os.urandom(7 * MiB + 11), b"tiny" * 100
     s3.put_object(Bucket=bucket, Key="m/big.bin", Body=big, ChecksumAlgorithm=algorithm)
     s3.put_object(Bucket=bucket, Key="m/small.bin", Body=small, ChecksumAlgorithm=algorithm)
-    used: list[str] = []
-    real = s3_stream.new_hasher
-
-    def recording(name: str) -> Any:
-        used.append(name)
-        return real(name)
-
-    def no_reread(*a: Any, **kw: Any) -> Any:
-        raise AssertionError("the check read the file again")
-
-    monkeypatch.setattr(s3_stream, "new_hasher", recording)
-    for where in (s3_transfer, s3_verify):
-        monkeypatch.setattr(where, "hash_file", no_reread)
+    used = hashers_used_and_no_reread(monkeypatch)
     client = s3mod.make_client(S3Settings.from_env(), ClientOptions())
     listing = s3mod.resolve(client, parse_s3_uri(f"s3://{bucket}/m/"))
     assert all(algorithm in o.checksum_algorithms for o in listing.objects)
