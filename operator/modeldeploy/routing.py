@@ -13,6 +13,9 @@ first rule sends every request carrying that header (exact value) to the canary 
 weight: a rule with a header match takes precedence over the path-only rule (Gateway API's rule
 precedence). It is not there during the shadow stage, before the canary has a Ready pod, or once the
 canary is promoted or rolled back.
+
+A revision the route stops sending to keeps its pods in traffic for :data:`ROUTE_DRAIN_SECONDS` (the
+gateway reloads the route a moment later; :func:`modeldeploy.rollout_decision.drain_route_leavers`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ from .builders import (
 
 GROUP = "gateway.networking.k8s.io"
 API_VERSION = f"{GROUP}/v1"
+#: seconds a revision that left the route keeps its pods in traffic (Ready, endpoints ready): a gateway
+#: takes the new route only after a watch event and a reload (Traefik reloads at most once per 2 s by
+#: default), and the same reload drops endpoints that turned not Ready -- taken out at once, a backend the
+#: gateway still weighted had no server (503s). Argo Rollouts keeps an aborted canary 30 s for the same
+#: reason (``abortScaleDownDelaySeconds``).
+ROUTE_DRAIN_SECONDS = 10
 
 
 def backend_weights(stable: str, canary: str | None, weight: int | None) -> list[tuple[str, int]]:

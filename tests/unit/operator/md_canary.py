@@ -276,31 +276,43 @@ def _cond(pod: dict[str, Any], type_: str) -> str | None:
     return next((c["status"] for c in pod["status"].get("conditions") or [] if c["type"] == type_), None)
 
 
-def watch_the_route(w: World) -> list[str]:
+def watch_the_route(w: World, lag: float = 0.0) -> list[str]:
     """After every reconcile and every controllers' round of ``w``, check what a gateway would meet: each
     backend the route weights has a ready, serving endpoint in its Service's EndpointSlices at that moment
-    (Traefik answers 503 for one without). Returns the violations seen (empty: none)."""
+    (Traefik answers 503 for one without). ``lag``: the gateway may still route by a route that was
+    replaced up to ``lag`` seconds (of ``w.clock``) ago -- it reloads its configuration after a watch event
+    and a throttle (Traefik: ``providersThrottleDuration``, 2 s by default) -- so the backends of those
+    routes are checked too. Returns the violations seen (empty: none)."""
     violations: list[str] = []
     reconcile, controllers = w.rec.reconcile, w.controllers
+    seen: list[tuple[Any, list[tuple[str, int]]]] = []  # (replaced at, or None: current; its backends)
+
+    def backends(route: dict[str, Any]) -> list[tuple[str, int]]:
+        rules = route["spec"]["rules"]
+        return [(ref["name"], ref["weight"]) for rule in rules for ref in rule["backendRefs"]]
 
     def check(when: str) -> None:
         route = w.fake.obj("HTTPRoute", "minilm")
         if route is None:
             return
-        for rule in route["spec"]["rules"]:
-            for ref in rule["backendRefs"]:
-                if ref["weight"] == 0:
-                    continue
-                sl = w.fake.obj("EndpointSlice", f"{ref['name']}-slice")
-                ready = [
-                    ep
-                    for ep in (sl or {}).get("endpoints", [])
-                    if ep["conditions"]["ready"] and ep["conditions"]["serving"]
-                ]
-                if not ready:
-                    violations.append(
-                        f"{when}: {ref['name']} weighted {ref['weight']} without a ready endpoint"
-                    )
+        now = backends(route)
+        if not seen or seen[-1][1] != now:
+            if seen:
+                seen[-1] = (w.clock.now, seen[-1][1])
+            seen.append((None, now))
+        t = w.clock.now
+        live = [refs for replaced, refs in seen if replaced is None or (t - replaced).total_seconds() < lag]
+        for name, weight in {ref for refs in live for ref in refs}:
+            if weight == 0:
+                continue
+            sl = w.fake.obj("EndpointSlice", f"{name}-slice")
+            ready = [
+                ep
+                for ep in (sl or {}).get("endpoints", [])
+                if ep["conditions"]["ready"] and ep["conditions"]["serving"]
+            ]
+            if not ready:
+                violations.append(f"{when}: {name} weighted {weight} without a ready endpoint")
 
     def checked_reconcile(ns: str, name: str) -> Any:
         out = reconcile(ns, name)

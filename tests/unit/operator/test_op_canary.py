@@ -9,7 +9,7 @@ import json
 import pytest
 from md_canary import World, canary_md
 from modeldeploy import builders as b
-from modeldeploy import metrics
+from modeldeploy import metrics, routing
 from modeldeploy.analysis import ERROR_RATE, P99, REQUESTS, TPOT, TTFT
 from modeldeploy.rollout_types import COMMAND_ANNOTATION
 from modeldeploy.traffic_split import ready_endpoints
@@ -498,6 +498,7 @@ def test_gateway_api_mode_writes_exact_weights_in_an_httproute():
     w.run_for(10)
     refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]
     assert [(r["name"], r["weight"]) for r in refs] == [(f"minilm-{old}", 100)]
+    w.run_for(routing.ROUTE_DRAIN_SECONDS)  # its pods serve on until the gateway surely has the route
     assert w.fake.obj("Service", f"minilm-{new}") is None
 
 

@@ -184,6 +184,8 @@ def test_a_failback_keeps_the_failed_revision_routed_until_the_warm_pods_endpoin
     w.reconcile()
     w.run_for(35)
     assert w.status["stableRevision"] == new and weights(w) == [(f"minilm-{new}", 100)]
+    w.run_for(routing.ROUTE_DRAIN_SECONDS)  # the old stable's pods leave traffic (warm, not Ready)
+    assert w.in_traffic(old) == 0
     w.prom.values[new] = {ERROR_RATE: 0.3}
     w.clock.tick(10)
     w.rec.reconcile("default", "minilm")  # the decision
@@ -210,4 +212,47 @@ def test_a_rollout_and_a_rollback_never_weight_a_backend_without_a_ready_endpoin
     w.run_for(10)
     assert [h["outcome"] for h in w.status["history"]][-1] == "RolledBack"
     assert weights(w) == [(f"minilm-{old}", 100)]
+    assert violations == []
+
+
+# A gateway takes a route change only after a watch event and a reload (Traefik throttles reloads to one
+# per 2 s by default); an endpoint that turns not Ready is dropped by the same reload. A revision leaving
+# the route must therefore keep ready endpoints until the gateway has surely taken the route without it.
+GATEWAY_LAG_S = 5.0  # below the drain, above Traefik's default throttle
+
+
+def test_a_rolled_back_canary_keeps_its_endpoints_until_the_gateway_has_the_route_without_it() -> None:
+    w = gateway_world()
+    old = w.deploy_first()
+    violations = watch_the_route(w, lag=GATEWAY_LAG_S)
+    new = w.new_version("2")
+    w.run_for(15)
+    assert w.status["canaryRevision"] == new and dict(weights(w))[f"minilm-{new}"] > 0
+    w.prom.values[new] = {ERROR_RATE: 0.5}
+    for _ in range(15):
+        w.run_for(1)
+        if w.status.get("canaryRevision") is None:
+            break
+    assert [h["outcome"] for h in w.status["history"]][-1] == "RolledBack"
+    assert weights(w) == [(f"minilm-{old}", 100)] and header_target(w) is None  # at once
+    assert violations == []
+    assert w.in_traffic(new) > 0  # still Ready: the gateway may route by the old route for a while
+    w.run_for(routing.ROUTE_DRAIN_SECONDS + 5)
+    assert w.pods(new) == [] and w.fake.obj("Deployment", f"minilm-{new}") is None  # then gone
+    assert violations == []
+
+
+def test_a_promotion_keeps_the_old_stables_endpoints_until_the_gateway_has_the_new_route() -> None:
+    w = gateway_world(header=None)
+    old = w.deploy_first()
+    violations = watch_the_route(w, lag=GATEWAY_LAG_S)
+    new = w.new_version("2")
+    for _ in range(60):
+        w.run_for(1)
+        if w.status.get("stableRevision") == new:
+            break
+    assert w.status["stableRevision"] == new and weights(w) == [(f"minilm-{new}", 100)]
+    assert w.in_traffic(old) > 0
+    w.run_for(routing.ROUTE_DRAIN_SECONDS + 5)
+    assert w.in_traffic(old) == 0 and len(w.pods(old)) == 1  # kept warm (keepPrevious), out of traffic
     assert violations == []
