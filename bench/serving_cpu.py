@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.provenance import provenance
 from bench.serving import HOST, NOOP_SERVER, RESULTS, WRK_LUA, Proc, ensure_wrk, log, median
 from bench.serving_load import build_request, closed_loop
 
@@ -145,7 +146,8 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [
         "# Server CPU per request (no-op model) vs a plain-ASGI floor",
         "",
-        f"{doc['date']}; {doc['machine']['cpus']} CPUs ({doc['machine']['cpu_model']}), Python"
+        f"{doc['date']}, commit {doc.get('commit', 'not recorded')}; {doc['machine']['cpus']} CPUs"
+        f" ({doc['machine']['cpu_model']}), Python"
         f" {doc['machine']['python']}; load average before {doc['machine']['loadavg_before']}."
         f" Generator: {doc['generator']}; server pinned to CPU {doc['pinning']['server'] or '-'},"
         f" generator to {doc['pinning']['generator'] or '-'}. {doc['rounds']} interleaved rounds of"
@@ -174,24 +176,16 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1 round of 2 s (smoke run; numbers are noisy)")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    a = ap.parse_args(argv)
-    if a.serve_echo is not None:
-        return serve_echo(a.serve_echo)
-    rounds, seconds, warmup = (1, 2.0, 1.0) if a.quick else (a.rounds, a.seconds, 2.0)
-    out_dir = Path(a.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-serving-cpu-"))
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the servers are stopped
-    load_before = [round(x, 2) for x in os.getloadavg()]
-    server_cpus, gen_cpus = cpu_split()
-    wrk = ensure_wrk()
+def measure(
+    server_cpus: str | None,
+    gen_cpus: str | None,
+    wrk: str | None,
+    log_dir: Path,
+    rounds: int,
+    seconds: float,
+    warmup: float,
+) -> dict[str, Any]:
+    """Both servers driven in rotating rounds: per server the median CPU us per request and req/s."""
     script = log_dir / "post.lua"
     script.write_text(WRK_LUA)
     modelserver = list(NOOP_SERVER)
@@ -228,6 +222,28 @@ def main(argv: list[str] | None = None) -> int:
             "non_2xx": sum(x["non_2xx"] for x in runs),
             "last_round": runs[-1],
         }
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1 round of 2 s (smoke run; numbers are noisy)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.serve_echo is not None:
+        return serve_echo(a.serve_echo)
+    rounds, seconds, warmup = (1, 2.0, 1.0) if a.quick else (a.rounds, a.seconds, 2.0)
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-serving-cpu-"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the servers are stopped
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    server_cpus, gen_cpus = cpu_split()
+    wrk = ensure_wrk()
+    summary = measure(server_cpus, gen_cpus, wrk, log_dir, rounds, seconds, warmup)
     ms, fl = summary["modelserver"]["cpu_us_per_request"], summary["floor"]["cpu_us_per_request"]
     cpu_model = ""
     for ln in Path("/proc/cpuinfo").read_text().splitlines():
@@ -236,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             break
     doc = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **provenance(),
         "quick": a.quick,
         "machine": {
             "cpus": os.cpu_count(),

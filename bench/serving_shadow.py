@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ import numpy as np
 import orjson
 from localcluster.promtext import sample_sum, sample_values
 
+from bench.provenance import provenance
 from bench.serving import (
     HOST,
     MODEL_NAME,
@@ -289,6 +291,18 @@ def pct(xs: list[float], q: float) -> float:
     return round(float(np.percentile(xs, q)) * 1000, 1) if xs else float("nan")
 
 
+@dataclass
+class _Samples:
+    """What the rounds of one shadow configuration measured."""
+
+    lat: list[float] = field(default_factory=list)  # Poisson phase latencies
+    closed_lat: list[float] = field(default_factory=list)
+    thr: list[float] = field(default_factory=list)  # closed-loop items/s per round
+    cpu_us: list[float] = field(default_factory=list)  # the stable's CPU us per request per round
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+
+
 def run_setup(
     name: str,
     stable: Proc,
@@ -310,12 +324,7 @@ def run_setup(
     rate = rate_share * peak
     log(f"{name}: calibration peak {peak:.1f} items/s -> Poisson at {rate:.1f}/s")
     order = list(CONFIGS)
-    lat: dict[str, list[float]] = {c: [] for c in order}
-    closed_lat: dict[str, list[float]] = {c: [] for c in order}
-    thr: dict[str, list[float]] = {c: [] for c in order}
-    cpu_us: dict[str, list[float]] = {c: [] for c in order}
-    per_round: dict[str, list[dict[str, Any]]] = {c: [] for c in order}
-    errors: dict[str, dict[str, int]] = {c: {} for c in order}
+    acc = {c: _Samples() for c in order}
     for r in range(rounds):
         for cfg in order[r % len(order) :] + order[: r % len(order)]:
             waited = set_shadow(shadow_file, port, target_url, cfg)
@@ -326,54 +335,61 @@ def run_setup(
             c = asyncio.run(closed_loop(HOST, port, reqs, CONCURRENCY, 1.0, durations["closed"]))
             drained = wait_drained(port, cfg)
             foreign = (busy_cpu_s() - busy0 - (own_cpu_s([stable, other]) - own0)) / (time.monotonic() - t0)
-            cpu_us[cfg].append((cpu1 - cpu0) / max(1.0, n1 - n0) * 1e6)  # the whole Poisson phase
-            lat[cfg] += p.latencies
-            closed_lat[cfg] += c.latencies
-            thr[cfg].append(c.items_per_s)
+            a = acc[cfg]
+            a.cpu_us.append((cpu1 - cpu0) / max(1.0, n1 - n0) * 1e6)  # the whole Poisson phase
+            a.lat += p.latencies
+            a.closed_lat += c.latencies
+            a.thr.append(c.items_per_s)
             for res in (p, c):
                 for k, v in res.errors.items():
-                    errors[cfg][str(k)] = errors[cfg].get(str(k), 0) + v
+                    a.errors[str(k)] = a.errors.get(str(k), 0) + v
             row = {
                 "poisson_p50_ms": round(p.pct(50) * 1000, 1),
                 "poisson_p99_ms": round(p.pct(99) * 1000, 1),
                 "closed_items_per_s": round(c.items_per_s, 1),
-                "stable_cpu_us_per_request": round(cpu_us[cfg][-1], 1),
+                "stable_cpu_us_per_request": round(a.cpu_us[-1], 1),
                 "activation_wait_s": round(waited, 2),
                 "drain_wait_s": round(drained, 2),
                 # CPU (cores) used by processes other than this benchmark's: interference on a shared machine
                 "foreign_cpu_cores": round(max(0.0, foreign), 2),
             }
-            per_round[cfg].append(row)
+            a.rounds.append(row)
             log(f"{name} round {r + 1} shadow {cfg}: {row}")
     out: dict[str, Any] = {
         "calibration_items_per_s": round(peak, 1),
         "poisson_rate_per_s": round(rate, 1),
         "poisson_rate_share": rate_share,
         "rounds": rounds,
-        "configs": {},
+        "configs": {cfg: _config_entry(port, cfg, acc[cfg]) for cfg in order},
     }
-    for cfg in order:
-        entry: dict[str, Any] = {
-            "sample_rate": CONFIGS[cfg] or 0.0,
-            "poisson_p50_ms": pct(lat[cfg], 50),
-            "poisson_p99_ms": pct(lat[cfg], 99),
-            "poisson_requests": len(lat[cfg]),
-            "closed_items_per_s": round(median(thr[cfg]), 1),
-            "closed_p50_ms": pct(closed_lat[cfg], 50),
-            "closed_p99_ms": pct(closed_lat[cfg], 99),
-            "stable_cpu_us_per_request": round(median(cpu_us[cfg]), 1),
-            "errors": errors[cfg],
-            "rounds": per_round[cfg],
-        }
-        if CONFIGS[cfg] is not None:
-            rev = f"bench-{cfg}"
-            entry["shadow_requests"] = shadow_counts(port, rev)
-            s, n = shadow_rtt(port, rev)
-            entry["shadow_round_trip_ms_mean"] = round(s / n * 1000, 2) if n else None
-        out["configs"][cfg] = entry
-    base = out["configs"]["off"]
-    for cfg in order:
-        e = out["configs"][cfg]
+    _add_vs_off(out["configs"])
+    return out
+
+
+def _config_entry(port: int, cfg: str, a: _Samples) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "sample_rate": CONFIGS[cfg] or 0.0,
+        "poisson_p50_ms": pct(a.lat, 50),
+        "poisson_p99_ms": pct(a.lat, 99),
+        "poisson_requests": len(a.lat),
+        "closed_items_per_s": round(median(a.thr), 1),
+        "closed_p50_ms": pct(a.closed_lat, 50),
+        "closed_p99_ms": pct(a.closed_lat, 99),
+        "stable_cpu_us_per_request": round(median(a.cpu_us), 1),
+        "errors": a.errors,
+        "rounds": a.rounds,
+    }
+    if CONFIGS[cfg] is not None:
+        rev = f"bench-{cfg}"
+        entry["shadow_requests"] = shadow_counts(port, rev)
+        s, n = shadow_rtt(port, rev)
+        entry["shadow_round_trip_ms_mean"] = round(s / n * 1000, 2) if n else None
+    return entry
+
+
+def _add_vs_off(configs: dict[str, Any]) -> None:
+    base = configs["off"]
+    for cfg, e in configs.items():
         e["vs_off"] = {
             "throughput": round(e["closed_items_per_s"] / base["closed_items_per_s"], 3),
             "p50": round(e["poisson_p50_ms"] / base["poisson_p50_ms"], 3),
@@ -383,7 +399,6 @@ def run_setup(
         if CONFIGS[cfg]:
             extra = e["stable_cpu_us_per_request"] - base["stable_cpu_us_per_request"]
             e["stable_cpu_us_per_copy"] = round(extra / (CONFIGS[cfg] or 1.0), 1)
-    return out
 
 
 def verdicts(setup: dict[str, Any]) -> dict[str, bool]:
@@ -524,7 +539,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "# Shadow copies: what they cost the stable server",
         "",
         f"Generated by `make bench-serving-shadow` (`python -m bench.serving_shadow`; also run by `make"
-        f" bench-serving`) on {doc['date']}, {doc['runtime_s']} s. Machine: {m['cpus']} CPUs, load average"
+        f" bench-serving`) on {doc['date']}, commit {doc.get('commit', 'not recorded')},"
+        f" {doc['runtime_s']} s. Machine: {m['cpus']} CPUs, load average"
         f" before/after {m['loadavg_before']} / {m['loadavg_after']}. all-MiniLM-L6-v2 on CPU, short texts"
         f" (4-24 words, {st['bodies']} distinct requests, one text each). Per configuration and round:"
         f" Poisson open loop for {st['durations_s']['poisson']} s at a fixed rate (a share of the stable's"
@@ -559,7 +575,12 @@ def markdown(doc: dict[str, Any]) -> str:
                 f" {v['p50']} / {v['p99']} / {v['throughput']} | {e['stable_cpu_us_per_request']} |"
                 f" {counts} | {e.get('shadow_round_trip_ms_mean') or '-'} |"
             )
-    lines += ["", "Targets at sampleRate 0.2 vs off, same run:", ""]
+    return "\n".join([*lines, *_targets_and_rounds(doc)])
+
+
+def _targets_and_rounds(doc: dict[str, Any]) -> list[str]:
+    st = doc["settings"]
+    lines = ["", "Targets at sampleRate 0.2 vs off, same run:", ""]
     for name, vs in doc["targets_met"].items():
         judged = " (the judged setup)" if name == "copy" else " (information: shadow on the same cores)"
         v = doc["setups"][name]["configs"]["0.2"]["vs_off"]
@@ -596,7 +617,7 @@ def markdown(doc: dict[str, Any]) -> str:
                     f" {r['foreign_cpu_cores']} |"
                 )
     lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def run(quick: bool, out_dir: Path, setups: list[str]) -> dict[str, Any]:
@@ -623,6 +644,7 @@ def run(quick: bool, out_dir: Path, setups: list[str]) -> dict[str, Any]:
         results["shared"] = setup_shared(log_dir, reqs, rounds["shared"], share, durations, threads)
     doc = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **provenance(),
         "quick": quick,
         "machine": {
             "cpus": os.cpu_count(),

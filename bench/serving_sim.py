@@ -160,6 +160,29 @@ class OpenLoopResult:
         return out
 
 
+def _saturate(
+    q: BatchQueue,
+    clock: _Clock,
+    new: Callable[[float], WorkItem],
+    run: Callable[[Batch], float],
+    clients: int,
+    seconds: float,
+) -> None:
+    """Saturation: a closed loop of ``clients`` clients for ``seconds``; then the clients stop and what they
+    still have queued is served."""
+    end = clock.t + seconds
+    q.submit([new(clock.t) for _ in range(clients)])
+    while clock.t < end:
+        batch = _next_batch(q, clock)
+        run(batch)
+        q.submit([new(clock.t) for _ in range(batch.size)])
+    while (got := q.try_form()) is not None:
+        if isinstance(got, Batch):
+            run(got)
+        else:
+            clock.t = max(clock.t, got) + 1e-6
+
+
 async def _simulate_open(
     lengths: np.ndarray,
     scheduler: str,
@@ -190,21 +213,8 @@ async def _simulate_open(
         q.record(batch, t)
         return t
 
-    # Phase 1 (optional): saturation, a closed loop of `saturate_clients` clients.
-    if saturate_clients:
-        end = clock.t + saturate_s
-        q.submit([new(clock.t) for _ in range(saturate_clients)])
-        while clock.t < end:
-            batch = _next_batch(q, clock)
-            run(batch)
-            q.submit([new(clock.t) for _ in range(batch.size)])
-        # the closed-loop clients stop: what they still have queued is served, then the open phase starts
-        while (got := q.try_form()) is not None:
-            if isinstance(got, Batch):
-                run(got)
-            else:
-                clock.t = max(clock.t, got) + 1e-6
-
+    if saturate_clients:  # phase 1 (optional)
+        _saturate(q, clock, new, run, saturate_clients, saturate_s)
     if freeze_coef is not None:  # a mis-fitted cost model that stops learning (the scheduler's guard alone)
         q.cost.coef = np.asarray(freeze_coef, dtype=np.float64)
         q.cost.observe = lambda *a, **k: None  # type: ignore[method-assign]
