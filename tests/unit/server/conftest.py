@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from fetch_support import ACCESS_KEY, SECRET_KEY
 from modelserver.batching import BatchingConfig, BatchQueue, CostModel, WorkItem
 
 # The scheduler simulation lives in bench/ (repository root), which plain `pytest` does not put on the path.
@@ -86,3 +88,54 @@ def loaded(gen_model_dir: Path) -> Any:
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(gen_model_dir, attn_implementation="sdpa")
     return model, AutoTokenizer.from_pretrained(gen_model_dir)
+
+
+# ------------------------------------------------------------------------------- S3 (test_fetch*.py)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    yield f"http://{host}:{port}"
+    srv.stop()
+
+
+@pytest.fixture
+def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "S3_ENDPOINT": s3_endpoint,
+        "S3_USE_HTTPS": "0",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    for k in ("AWS_CA_BUNDLE", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "S3_ADDRESSING_STYLE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+@pytest.fixture
+def s3(s3_endpoint: str) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        aws_access_key_id="x",
+        aws_secret_access_key="y",
+        region_name="us-east-1",
+    )
+
+
+@pytest.fixture
+def bucket(s3: Any) -> str:
+    name = f"models-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=name)
+    return name

@@ -1,7 +1,8 @@
 """``python -m modelserver.fetch`` against an in-process S3 server (moto) and small stub servers.
 
 moto serves the real protocol (HEAD, LIST, ranged GETs, multipart ETags); the stubs answer what moto does
-not do: a 403 for any credentials, 500s for ever, a socket that accepts and never answers.
+not do: a 403 for any credentials, 500s for ever, a socket that accepts and never answers. The node cache
+is tested in test_fetch_cache.py.
 """
 
 from __future__ import annotations
@@ -9,12 +10,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
-import json
 import logging
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -24,9 +22,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fetch_support import (
+    ACCESS_KEY,
+    MODEL,
+    SECRET_KEY,
+    MiB,
+    json_lines,
+    no_staging_left,
+    opts,
+    put_tree,
+    read_tree,
+    run_cli,
+    write_tree,
+)
 from modelserver import fetch as fetch_mod
 from modelserver import s3_stream, s3_transfer, s3_verify
-from modelserver.fetch import FetchOptions, fetch_model, main, parse_size
+from modelserver.fetch import fetch_model, main, parse_size
 from modelserver.fetch_errors import (
     AccessDenied,
     ChecksumMismatch,
@@ -38,122 +49,7 @@ from modelserver.fetch_errors import (
     redact,
 )
 from modelserver.loader import dir_digest
-from modelserver.storage_cache import NodeCache
-from modelserver.storage_s3 import ClientOptions, S3Settings, TransferOptions, dir_digest_of, parse_s3_uri
-
-boto3 = pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
-
-ACCESS_KEY = "AKIAFETCHTESTKEY0001"
-SECRET_KEY = "fetch-test-secret/Zx81+never-in-output"
-REPO = Path(__file__).resolve().parents[3]
-MiB = 1 << 20
-
-
-# ---------------------------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    yield f"http://{host}:{port}"
-    srv.stop()
-
-
-@pytest.fixture
-def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = {
-        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        "S3_ENDPOINT": s3_endpoint,
-        "S3_USE_HTTPS": "0",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    for k in ("AWS_CA_BUNDLE", "AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "S3_ADDRESSING_STYLE"):
-        monkeypatch.delenv(k, raising=False)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    return env
-
-
-@pytest.fixture
-def s3(s3_endpoint: str) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        aws_access_key_id="x",
-        aws_secret_access_key="y",
-        region_name="us-east-1",
-    )
-
-
-@pytest.fixture
-def bucket(s3: Any) -> str:
-    name = f"models-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(Bucket=name)
-    return name
-
-
-def put_tree(s3: Any, bucket: str, prefix: str, files: dict[str, bytes]) -> None:
-    for rel, data in files.items():
-        s3.put_object(Bucket=bucket, Key=f"{prefix}/{rel}", Body=data)
-
-
-def write_tree(root: Path, files: dict[str, bytes]) -> None:
-    for rel, data in files.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
-
-
-def read_tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-MODEL = {
-    "config.json": b'{"architectures": ["BertModel"]}',
-    "tokenizer.json": b"{}" * 100,
-    "1_Pooling/config.json": b'{"pooling_mode_mean_tokens": true}',
-    "model.safetensors": os.urandom(3 * MiB + 17),
-}
-
-
-def opts(**kw: Any) -> FetchOptions:
-    base: dict[str, Any] = {
-        "timeout": 60.0,
-        "progress_interval": 0.2,
-        "client": ClientOptions(connect_timeout=2, read_timeout=5, max_attempts=2),
-    }
-    base.update(kw)
-    return FetchOptions(**base)
-
-
-def run_cli(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and not k.startswith("S3_")}
-    full.update(env)
-    full["PYTHONPATH"] = os.pathsep.join([str(REPO / "serving_image"), full.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-m", "modelserver.fetch", *args],
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def json_lines(out: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-
-def no_staging_left(dest: Path) -> None:
-    leftovers = list(dest.parent.glob(f".{dest.name}.fetch-*"))
-    if dest.is_dir():
-        leftovers += list(dest.glob(".fetch-*"))
-    assert leftovers == []
-
+from modelserver.storage_s3 import ClientOptions, S3Settings, TransferOptions, parse_s3_uri
 
 # ---------------------------------------------------------------------------------------------- basics
 
@@ -729,253 +625,8 @@ def test_cli_success_progress_and_no_credentials_in_output(s3_env, s3, bucket, t
         assert SECRET_KEY not in text and ACCESS_KEY not in text
 
 
-# ---------------------------------------------------------------------------------------------- the cache
-
-
-def test_cache_hit_reads_no_object_data(s3_env, s3, bucket, tmp_path: Path, monkeypatch):
-    put_tree(s3, bucket, "m", MODEL)
-    cache = tmp_path / "cache"
-    first = fetch_model(f"s3://{bucket}/m", tmp_path / "a", opts(cache_dir=str(cache)))
-    assert first.source == "download" and first.cache_key
-
-    def no_download(*a: Any, **kw: Any) -> Any:
-        raise AssertionError("a cache hit downloaded")
-
-    real_download = fetch_mod.download
-    monkeypatch.setattr(fetch_mod, "download", no_download)
-    second = fetch_model(f"s3://{bucket}/m", tmp_path / "b", opts(cache_dir=str(cache), sha256=first.sha256))
-    assert second.source == "cache" and second.cache_key == first.cache_key
-    assert read_tree(tmp_path / "b") == MODEL
-    # a copy, never a hard link into the read-only entry: nothing a pod writes reaches the cache
-    entry_file = cache / "entries" / first.cache_key / "data" / "model.safetensors"
-    assert not os.path.samefile(entry_file, tmp_path / "b" / "model.safetensors")
-    assert (entry_file.stat().st_mode & 0o777) == 0o444
-    # a wrong sha256 is refused from the cache's record, without reading the data
-    with pytest.raises(ChecksumMismatch, match="cache entry"):
-        fetch_model(f"s3://{bucket}/m", tmp_path / "e", opts(cache_dir=str(cache), sha256="f" * 64))
-    # a changed object is another key
-    monkeypatch.setattr(fetch_mod, "download", real_download)
-    s3.put_object(Bucket=bucket, Key="m/config.json", Body=b'{"changed": true}')
-    fourth = fetch_model(f"s3://{bucket}/m", tmp_path / "f", opts(cache_dir=str(cache)))
-    assert fourth.source == "download" and fourth.cache_key != first.cache_key
-
-
-def sha256_of(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
-def _tamper_plant(data: Path) -> None:
-    (data / "handler.py").write_text("import os; os.system('curl evil')\n")
-
-
-def _tamper_flip(data: Path) -> None:
-    """One byte changed, in an entry of a store whose ETags are no MD5 (only the recorded digest is left)."""
-    meta_path = data.parent / "meta.json"
-    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "md5Etags": []}))
-    f = data / "model.safetensors"
-    os.chmod(f, 0o644)
-    raw = bytearray(f.read_bytes())
-    raw[100] ^= 0xFF
-    f.write_bytes(bytes(raw))
-
-
-def _tamper_rewrite_with_record(data: Path) -> None:
-    """The weights and the entry's record rewritten together: only the store's ETag (an MD5) catches it."""
-    f = data / "config.json"
-    os.chmod(f, 0o644)
-    f.write_bytes(b'{"architectures": ["EvilModel"]}')  # the same size: the size check passes
-    assert len(f.read_bytes()) == len(MODEL["config.json"])
-    meta_path = data.parent / "meta.json"
-    meta = json.loads(meta_path.read_text())
-    files = [p for p in data.rglob("*") if p.is_file()]
-    meta["sha256"] = dir_digest_of({p.relative_to(data).as_posix(): sha256_of(p) for p in files})
-    meta_path.write_text(json.dumps(meta))
-
-
-def _tamper_symlink(data: Path) -> None:
-    f = data / "tokenizer.json"
-    f.unlink()
-    f.symlink_to("/etc/passwd")
-
-
-@pytest.mark.parametrize(
-    "tamper, reason",
-    [
-        (_tamper_plant, "files the store does not list: handler.py"),
-        (_tamper_flip, "digest"),
-        (_tamper_rewrite_with_record, "is not the store's ETag"),
-        (_tamper_symlink, "tokenizer.json is not a regular file"),
-    ],
-)
-def test_a_tampered_cache_entry_is_refused_dropped_and_downloaded_again(
-    s3_env, s3, bucket, tmp_path: Path, caplog, tamper, reason
-):
-    """Issue 24, finding 1: whoever got to write a cache entry (a neighbour's fetch on an older version,
-    a hard link written through) cannot make the next pod load their bytes: every hit is checked against
-    the files and the store's listing, and a bad entry is replaced by a fresh download."""
-    put_tree(s3, bucket, "m", MODEL)
-    cache = tmp_path / "cache"
-    first = fetch_model(f"s3://{bucket}/m", tmp_path / "a", opts(cache_dir=str(cache)))
-    tamper(cache / "entries" / str(first.cache_key) / "data")
-    with caplog.at_level(logging.INFO, logger="modelserver.fetch"):
-        again = fetch_model(f"s3://{bucket}/m", tmp_path / "b", opts(cache_dir=str(cache)))
-    corrupt = [r for r in caplog.records if getattr(r, "event", "") == "cache_corrupt"]
-    assert corrupt and reason in corrupt[0].getMessage(), [r.getMessage() for r in caplog.records]
-    assert again.source == "download" and again.cache_key == first.cache_key
-    assert read_tree(tmp_path / "b") == MODEL  # the genuine model, and nothing planted beside it
-    assert read_tree(cache / "entries" / str(first.cache_key) / "data") == MODEL  # the entry is whole again
-    no_staging_left(tmp_path / "b")
-
-
-def test_one_namespace_never_evicts_another_and_the_node_cap_holds(s3_env, s3, bucket, tmp_path: Path):
-    """Per-namespace directories under one node cache: a namespace's fills evict its own entries only;
-    when the other namespaces leave too little of the node's cap, the model is fetched without the cache."""
-    for name in ("a", "b", "c"):
-        s3.put_object(Bucket=bucket, Key=f"{name}/w.bin", Body=os.urandom(MiB))
-    node = tmp_path / "node"
-
-    def ns_opts(ns: str, own: float) -> FetchOptions:
-        return opts(
-            cache_dir=str(node / ns),
-            cache_max_bytes=int(own * MiB),
-            cache_node_dir=str(node),
-            cache_node_max_bytes=int(2.5 * MiB),
-            cache_namespace=ns,
-        )
-
-    victim = fetch_model(f"s3://{bucket}/a", tmp_path / "v", ns_opts("team-b", 2)).cache_key
-    assert victim is not None
-    # the attacker's own cap would allow 2 MiB, but the node has 1.5 MiB left: one entry fits
-    assert fetch_model(f"s3://{bucket}/b", tmp_path / "x1", ns_opts("team-a", 2)).cache_key is not None
-    # a second one could fit only by evicting team-b's entry: it evicts team-a's own instead
-    third = fetch_model(f"s3://{bucket}/c", tmp_path / "x2", ns_opts("team-a", 2))
-    assert third.cache_key is not None and len(list((node / "team-a" / "entries").iterdir())) == 1
-    assert [p.name for p in (node / "team-b" / "entries").iterdir()] == [victim]
-    # with team-b's entry in use or not, team-a cannot take it: 2 MiB of its own would pass the node cap
-    big = ns_opts("team-a", 3)
-    s3.put_object(Bucket=bucket, Key="d/w.bin", Body=os.urandom(2 * MiB))
-    res = fetch_model(f"s3://{bucket}/d", tmp_path / "x3", big)
-    assert res.source == "download" and res.cache_key is None
-    assert [p.name for p in (node / "team-b" / "entries").iterdir()] == [victim]
-
-
-def test_concurrent_fetches_download_once(s3_env, s3, bucket, tmp_path: Path):
-    put_tree(s3, bucket, "m", {**MODEL, "big.bin": os.urandom(24 * MiB)})
-    cache = tmp_path / "cache"
-    n = 4
-    procs = []
-    for i in range(n):
-        full = {k: v for k, v in os.environ.items()}
-        full["PYTHONPATH"] = os.pathsep.join([str(REPO / "serving_image"), full.get("PYTHONPATH", "")])
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "modelserver.fetch",
-                    "--uri",
-                    f"s3://{bucket}/m",
-                    "--dest",
-                    str(tmp_path / f"pod{i}"),
-                    "--cache-dir",
-                    str(cache),
-                    "--timeout",
-                    "120",
-                ],
-                env=full,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    outs = [p.communicate(timeout=150) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outs
-    events = [e for out, _ in outs for e in json_lines(out)]
-    downloads = [e for e in events if e.get("event") == "download"]
-    hits = [e for e in events if e.get("event") == "cache_hit"]
-    assert len(downloads) == 1 and len(hits) == n - 1, [e.get("msg") for e in events]
-    keys = {e["key"] for e in hits}
-    assert len(keys) == 1
-    assert [p.name for p in (cache / "entries").iterdir()] == [keys.pop()]
-    want = read_tree(tmp_path / "pod0")
-    assert all(read_tree(tmp_path / f"pod{i}") == want for i in range(1, n))
-    assert list((cache / "tmp").iterdir()) == []
-
-
-def test_lru_eviction_spares_entries_in_use(s3_env, s3, bucket, tmp_path: Path):
-    for name in ("a", "b", "c", "d"):
-        s3.put_object(Bucket=bucket, Key=f"{name}/w.bin", Body=os.urandom(MiB))
-    cache_dir = tmp_path / "cache"
-    o = opts(cache_dir=str(cache_dir), cache_max_bytes=int(2.5 * MiB))
-    key = {}
-    key["a"] = fetch_model(f"s3://{bucket}/a", tmp_path / "pa", o).cache_key
-    key["b"] = fetch_model(f"s3://{bucket}/b", tmp_path / "pb", o).cache_key
-    entries = cache_dir / "entries"
-    now = time.time()
-    os.utime(entries / key["a"] / "meta.json", (now - 100, now - 100))
-    os.utime(entries / key["b"] / "meta.json", (now - 50, now - 50))
-    # a hit makes "a" the most recently used
-    assert fetch_model(f"s3://{bucket}/a", tmp_path / "pa2", o).source == "cache"
-    key["c"] = fetch_model(f"s3://{bucket}/c", tmp_path / "pc", o).cache_key
-    assert sorted(p.name for p in entries.iterdir()) == sorted([key["a"], key["c"]])  # "b" went
-    # an entry in use (a reader holds its lock) is never evicted: "d" is then not cached
-    os.utime(entries / key["a"] / "meta.json", (now - 100, now - 100))
-    os.utime(entries / key["c"] / "meta.json", (now - 90, now - 90))
-    cache = NodeCache(cache_dir, o.cache_max_bytes)
-    with (
-        cache.shared(key["a"], time.monotonic() + 5) as a_entry,
-        cache.shared(key["c"], time.monotonic() + 5),
-    ):
-        assert a_entry is not None
-        res = fetch_model(f"s3://{bucket}/d", tmp_path / "pd", o)
-    assert res.source == "download" and res.cache_key is None
-    assert (tmp_path / "pd" / "w.bin").stat().st_size == MiB
-    assert sorted(p.name for p in entries.iterdir()) == sorted([key["a"], key["c"]])
-    # a model larger than the cap is fetched without the cache
-    s3.put_object(Bucket=bucket, Key="huge/w.bin", Body=os.urandom(3 * MiB))
-    assert fetch_model(f"s3://{bucket}/huge", tmp_path / "ph", o).cache_key is None
-
-
-def test_failed_fill_leaves_no_cache_entry(s3_env, s3, bucket, tmp_path: Path):
-    put_tree(s3, bucket, "m", MODEL)
-    cache = tmp_path / "cache"
-    dest = tmp_path / "d"
-    with pytest.raises(ChecksumMismatch):
-        fetch_model(f"s3://{bucket}/m", dest, opts(cache_dir=str(cache), sha256="0" * 64))
-    assert list((cache / "entries").iterdir()) == [] and list((cache / "tmp").iterdir()) == []
-    assert not dest.exists()
-    # and the next fetch fills it
-    assert fetch_model(f"s3://{bucket}/m", dest, opts(cache_dir=str(cache))).source == "download"
-    assert len(list((cache / "entries").iterdir())) == 1
-
-
-def test_killed_fill_is_cleaned_by_the_next(s3_env, s3, bucket, tmp_path: Path):
-    """A filler killed mid-download leaves a staging dir; the next filler of the key removes it."""
-    put_tree(s3, bucket, "m", MODEL)
-    cache_dir = tmp_path / "cache"
-    first = fetch_model(f"s3://{bucket}/m", tmp_path / "x", opts(cache_dir=str(cache_dir)))
-    key = first.cache_key
-    assert key
-    cache = NodeCache(cache_dir, 1 << 30)
-    from modelserver.storage_cache import rmtree
-
-    rmtree(cache_dir / "entries" / key)
-    stale = cache_dir / "tmp" / f"{key}.99999.deadbeef"
-    (stale / "data").mkdir(parents=True)
-    (stale / "reserve.json").write_text('{"bytes": 5}')
-    (stale / "data" / "half.bin").write_bytes(b"half")
-    dest = tmp_path / "dest"
-    dest.mkdir()
-    (dest / ".fetch-stale").mkdir()  # a killed fetch's staging in the destination
-    res = fetch_model(f"s3://{bucket}/m", dest, opts(cache_dir=str(cache_dir)))
-    assert res.source == "download" and not stale.exists() and read_tree(dest) == MODEL
-    assert not (dest / ".fetch-stale").exists()
-    assert cache.entry(key).complete()
-
-
 @pytest.fixture
 def root_logging() -> Iterator[None]:
-    import logging
 
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
@@ -993,23 +644,3 @@ def test_main_in_process(s3_env, s3, bucket, tmp_path: Path, root_logging):
         ["--uri", f"s3://{bucket}/none", "--dest", str(tmp_path / "e"), "--termination-log", str(term)]
     )
     assert code == 4 and term.read_text().startswith(f"NotFound: no object s3://{bucket}/none")
-
-
-def test_a_fetch_waiting_for_another_pods_fill_says_so(tmp_path: Path, caplog):
-    """A reader blocked on the entry's lock (another pod fills it) logs that it waits, and for how long."""
-    import fcntl
-
-    from modelserver.storage_cache import lock_fd, unlock
-
-    path = tmp_path / "k.lock"
-    holder = os.open(path, os.O_RDWR | os.O_CREAT)
-    fcntl.flock(holder, fcntl.LOCK_EX)
-    threading.Timer(0.5, lambda: fcntl.flock(holder, fcntl.LOCK_UN)).start()
-    with caplog.at_level("INFO", logger="modelserver.fetch"):
-        fd = lock_fd(path, fcntl.LOCK_SH, time.monotonic() + 10, "another fetch of the same model", 0.2)
-    unlock(fd)
-    os.close(holder)
-    events = [getattr(r, "event", "") for r in caplog.records]
-    assert events.count("cache_wait") >= 2 and events[-1] == "cache_waited"
-    assert 0.4 <= caplog.records[-1].seconds < 5
-    assert "waiting for another fetch of the same model" in caplog.records[0].getMessage()
