@@ -547,6 +547,24 @@ def test_a_canary_that_cannot_get_gpus_is_reported_then_aborted(
 # ---------------------------------------------------------------------------------------------- 6
 
 
+def committed_windows(st: dict[str, Any], rev: str) -> list[tuple[str, str]]:
+    """The error-rate windows committed to status up to the revision's decision: (time, verdict), second
+    precision; a window with too few requests is "NoData" whatever its other checks say."""
+    decided = last_history(st, rev)
+    assert decided is not None
+    ms = [
+        m
+        for m in (st.get("analysis") or {}).get("measurements", [])
+        if m["revision"] == rev and m["time"] <= decided["time"]
+    ]
+    enough = {m["time"] for m in ms if m["metric"] == "requests" and m["verdict"] == "Pass"}
+    return sorted(
+        (m["time"], m["verdict"] if m["time"] in enough else "NoData")
+        for m in ms
+        if m["metric"] == "error-rate"
+    )
+
+
 @pytest.mark.parametrize("bad", [False, True], ids=["promote", "rollback"])
 def test_operator_killed_mid_rollout_resumes(
     kube: Kube, operator: Any, namespace: str, tmp_path: Path, bad: bool
@@ -597,21 +615,7 @@ def test_operator_killed_mid_rollout_resumes(
                 p.wait()
         os.kill(operator.pid, signal.SIGCONT)
     outcomes = [h["outcome"] for h in st["history"] if h["revision"] == v2]
-    decided = last_history(st, v2)
-    assert decided is not None
-    # the windows committed to status: (time, verdict), second precision; a window with too few
-    # requests is "NoData" whatever its other checks say
-    ms = [
-        m
-        for m in (st.get("analysis") or {}).get("measurements", [])
-        if m["revision"] == v2 and m["time"] <= decided["time"]
-    ]
-    enough = {m["time"] for m in ms if m["metric"] == "requests" and m["verdict"] == "Pass"}
-    windows = sorted(
-        (m["time"], m["verdict"] if m["time"] in enough else "NoData")
-        for m in ms
-        if m["metric"] == "error-rate"
-    )
+    windows = committed_windows(st, v2)
     times = [datetime.fromisoformat(t.replace("Z", "+00:00")) for t, _ in windows]
     gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
     REPORT[f"scenario6_{'rollback' if bad else 'promote'}"] = {
