@@ -224,11 +224,16 @@ def shadow_rtt(port: int, revision: str) -> tuple[float, float]:
     )
 
 
+def bench_revision(cfg: str) -> str:
+    """The shadow revision named for ``cfg``: a DNS label, as the server requires ("0.2" -> "bench-0-2")."""
+    return "bench-" + cfg.replace(".", "-")
+
+
 def set_shadow(path: Path, port: int, target_url: str, cfg: str, timeout: float = 10.0) -> float:
     """Write the shadow file for ``cfg`` and wait until the stable's /metrics shows it
     (``modelserver_shadow_active{shadow_revision}`` = 1, or no series for off). Returns the seconds waited."""
     rate = CONFIGS[cfg]
-    revision = f"bench-{cfg}"
+    revision = bench_revision(cfg)
     if rate is None:
         text = ""
     else:
@@ -264,7 +269,7 @@ def wait_drained(port: int, cfg: str, timeout: float = 20.0) -> float:
     t0 = time.monotonic()
     last = -1
     while time.monotonic() - t0 < timeout:
-        n = sum(shadow_counts(port, f"bench-{cfg}").values())
+        n = sum(shadow_counts(port, bench_revision(cfg)).values())
         if n == last:
             return time.monotonic() - t0
         last = n
@@ -380,7 +385,7 @@ def _config_entry(port: int, cfg: str, a: _Samples) -> dict[str, Any]:
         "rounds": a.rounds,
     }
     if CONFIGS[cfg] is not None:
-        rev = f"bench-{cfg}"
+        rev = bench_revision(cfg)
         entry["shadow_requests"] = shadow_counts(port, rev)
         s, n = shadow_rtt(port, rev)
         entry["shadow_round_trip_ms_mean"] = round(s / n * 1000, 2) if n else None
