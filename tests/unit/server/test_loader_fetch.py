@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tarfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -94,18 +93,9 @@ def test_unsupported_scheme_names_s3():
 # ---------------------------------------------------------------------------------------------- through S3
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    moto_server = pytest.importorskip("moto.server")
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    yield f"http://{host}:{port}"
-    srv.stop()
-
-
 @pytest.fixture
 def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A bucket of its own; ``s3_endpoint`` (the in-process moto server) is conftest.py's."""
     import boto3
 
     for k, v in {
