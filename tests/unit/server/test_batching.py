@@ -203,6 +203,23 @@ async def test_item_expiring_in_the_queue_gets_504(make_queue, make_item, clock)
     assert q.depth == 1
 
 
+async def test_item_whose_batch_runs_past_its_deadline_gets_504_at_the_deadline(make_queue, make_item, clock):
+    """A batch can run longer than predicted (a shared CPU): its caller is answered at the deadline, not
+    with a 200 after it, and the result that comes later is dropped."""
+    q = make_queue(max_batch_size=8, max_queue_delay_s=0.0)
+    late, spare = make_item(10, timeout=0.5), make_item(10, timeout=100.0)
+    q.submit([late, spare])
+    batch = await get_batch(q)
+    assert batch.items == [late, spare]  # running now: no longer queued
+    clock.advance(1.0)
+    q.expire([late])
+    with pytest.raises(DeadlineExpired, match="while its batch ran") as e:
+        await asyncio.wait_for(late.future, 5.0)
+    assert e.value.status == 504 and e.value.retry_after >= 1
+    assert not spare.future.done()  # the other item of the batch is answered when the batch ends
+    assert q.depth == 0
+
+
 async def test_sweep_fails_expired_items_when_forming(make_queue, make_item, clock):
     q = make_queue(max_batch_size=8, max_queue_delay_s=0.0)
     a, b = make_item(10, timeout=0.5), make_item(10, timeout=100.0)
