@@ -175,11 +175,11 @@ def _make_before_break(ctx: ReconcileContext, d: Decision) -> Decision:
     kept = False
     for rev, counts in sorted(ctx.counts.items()):
         spec = ctx.live.get(rev)
-        if rev in wanted or counts.in_traffic == 0 or spec is None:
+        if rev in wanted or counts.pods_in_traffic == 0 or spec is None:
             continue
         t = by_rev.get(rev)
         replicas = max(t.replicas if t else 0, counts.current)
-        by_rev[rev] = Target(rev, spec, replicas, t.role if t else "old", counts.in_traffic)
+        by_rev[rev] = Target(rev, spec, replicas, t.role if t else "old", counts.pods_in_traffic)
         kept = True
     if kept:
         d.targets = list(by_rev.values())
@@ -201,7 +201,7 @@ def _deployed(ctx: ReconcileContext) -> Decision:
             f"stable revision {gone} is gone and status recorded no spec to rebuild it from: "
             "straight to 100% without a canary",
         )
-    ready = ctx.in_traffic(current)
+    ready = ctx.pods_in_traffic(current)
     return Decision(
         targets=[Target(current, ctx.spec, n, "stable", n)],
         stable=current,
@@ -222,8 +222,8 @@ def _lost(ctx: ReconcileContext) -> Decision:
         return Decision(
             targets=[Target(current, ctx.spec, n, "stable", n)],
             stable=current,
-            progressing_reason="ScalingUp" if ctx.in_traffic(current) < n else None,
-            progressing_message=f"revision {current}: {ctx.in_traffic(current)}/{n} pods ready",
+            progressing_reason="ScalingUp" if ctx.pods_in_traffic(current) < n else None,
+            progressing_message=f"revision {current}: {ctx.pods_in_traffic(current)}/{n} pods ready",
             command_seen=True,
         )
     failed = latest_entry(ctx.history, current)
@@ -326,7 +326,7 @@ def _failed_back(ctx: ReconcileContext, analysis: AnalysisStatus | None, fb: Fai
     assert previous is not None
     ctx.record(stable, "FailedBack", f"{fb.reason}; back to {previous}", fb.measurement)
     targets = [Target(previous, ctx.spec_of(previous), n, "stable", n), *ctx.failed_kept(previous)]
-    ready = ctx.in_traffic(previous)
+    ready = ctx.pods_in_traffic(previous)
     return Decision(
         targets=targets,
         stable=previous,
@@ -346,7 +346,7 @@ def _at_rest(ctx: ReconcileContext, analysis: AnalysisStatus | None) -> Decision
         *ctx.warm_previous(),
         *ctx.failed_kept(stable, ctx.previous or ""),
     ]
-    ready = ctx.in_traffic(stable)
+    ready = ctx.pods_in_traffic(stable)
     d = Decision(
         targets=targets,
         stable=stable,
@@ -465,7 +465,7 @@ def _step(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryDeci
     ro, now = ctx.rollout, ctx.now
     c_pods, _ = _split(ctx, cs.step)
     have = ctx.counts.get(ctx.current, RevisionCounts())
-    if have.in_traffic >= c_pods:
+    if have.pods_in_traffic >= c_pods:
         return replace(cs, started=now, waiting=None), None
     cs = replace(cs, waiting=cs.waiting or now)
     assert cs.waiting is not None
@@ -473,7 +473,7 @@ def _step(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryDeci
         return cs, None
     deadline = cs.waiting + seconds_of(ro.progress_deadline)
     if now >= deadline:
-        why = f"{have.in_traffic}/{c_pods} canary pods in traffic"
+        why = f"{have.pods_in_traffic}/{c_pods} canary pods in traffic"
         if have.unschedulable:
             why += f"; {have.unschedulable} unschedulable: {have.scheduling_message}"
         weight = ro.steps[cs.step]
@@ -524,7 +524,7 @@ def _next_step(ctx: ReconcileContext, cs: CanaryStep) -> CanaryStep:
         Event("Normal", "StepAdvanced", f"revision {ctx.current}: step {step} ({ctx.rollout.steps[step]}%)")
     )
     c_pods, _ = _split(ctx, step)
-    if ctx.in_traffic(ctx.current) >= c_pods:
+    if ctx.pods_in_traffic(ctx.current) >= c_pods:
         cs = replace(cs, step=step, started=ctx.now)
         ctx.wake_at(window_due(ctx.rollout, ctx.now, cs.analysis))
         return cs
@@ -546,7 +546,7 @@ def _progressing(ctx: ReconcileContext, cs: CanaryStep) -> Decision:
         # at 100 % the stable has no pod in traffic of its own: its pods stand in for the canary pods that
         # are not (yet, or no longer: their node lost) in traffic, so the Service never runs out of
         # endpoints. Below 100 % the stable keeps a pod in traffic: missing canary pods cost capacity only
-        s_in = ctx.replicas - min(ctx.in_traffic(current), c_pods)
+        s_in = ctx.replicas - min(ctx.pods_in_traffic(current), c_pods)
     warm = ctx.warm_previous(stable, current)
     previous = ctx.previous if warm else None
     targets = [
@@ -603,7 +603,7 @@ def _promoted(ctx: ReconcileContext, cs: CanaryStep, p: Promote) -> Decision:
         )
     if seconds_of(ro.bake_time).total_seconds() > 0 and new_prev is not None:
         ctx.wake_at(now + seconds_of(ro.interval))
-    ready = ctx.in_traffic(current)
+    ready = ctx.pods_in_traffic(current)
     return Decision(
         targets=targets,
         stable=current,

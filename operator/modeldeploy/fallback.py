@@ -113,7 +113,7 @@ def adjust(
         rev,
         old,
         counts.get(decision.stable, RevisionCounts()),
-        sum(c.in_traffic for r, c in counts.items() if r != rev),
+        sum(c.pods_in_traffic for r, c in counts.items() if r != rev),
         now,
         [],
         [],
@@ -193,7 +193,7 @@ def _applied(look: _Look, st: FallbackStatus, fb_spec: ModelDeploymentSpec, mine
         targets.append(Target(rev, fb_spec, fb.replicas, "fallback", fb.replicas))
         route = True
     elif st.state == "Returning":
-        targets.append(Target(rev, fb_spec, fb.replicas, "fallback", mine.in_traffic))
+        targets.append(Target(rev, fb_spec, fb.replicas, "fallback", mine.pods_in_traffic))
         look.wake.append(look.now + RECHECK)
         route = True  # the gateway keeps the fallback until a GPU pod is Ready (make before break)
     else:

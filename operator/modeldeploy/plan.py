@@ -259,13 +259,13 @@ def desired_children(
     """The children this decision wants (Deployments, Services, the PDB, the HTTPRoute, the
     ScaledObject), and why the ScaledObject is missing when ``spec.autoscaling`` cannot have one."""
     targets, mirror = decision.targets, decision.mirror
-    in_traffic = {t.revision: t.in_traffic_pods for t in targets}
+    pods_in = {t.revision: t.in_traffic_pods for t in targets}
     desired: list[dict[str, Any]] = []
     for t in targets:
         desired.append(builders.build_deployment(md, t.spec, t.revision, deployment_replicas(t, counts)))
     desired.append(builders.build_model_service(md))
     for t in targets:
-        publish = mirror is not None and mirror.target == t.revision and in_traffic.get(t.revision, 0) == 0
+        publish = mirror is not None and mirror.target == t.revision and pods_in.get(t.revision, 0) == 0
         desired.append(builders.build_revision_service(md, t.revision, publish_not_ready=publish))
     desired.append(builders.build_pdb(md))
     if md.spec.rollout.traffic_routing.mode == "gatewayAPI":

@@ -288,8 +288,8 @@ class Reconciler:
         }
 
         # traffic first: pods leave (or enter) traffic before anything is scaled or deleted
-        for pod, in_traffic in p.pod_gates:
-            if self.set_pod_gate(ns, pod, in_traffic, now):
+        for pod, gate_open in p.pod_gates:
+            if self.set_pod_gate(ns, pod, gate_open, now):
                 result.writes += 1
 
         # one event for the objects this reconcile creates (a new ModelDeployment's four children: one
@@ -376,11 +376,11 @@ class Reconciler:
         self.event(raw, EventSpec("Normal", "Updated", f"updated {obj['kind']} {key[1]} ({what})"))
         return False
 
-    def set_pod_gate(self, namespace: str, pod: str, in_traffic: bool, now: datetime) -> bool:
+    def set_pod_gate(self, namespace: str, pod: str, gate_open: bool, now: datetime) -> bool:
         cond = {
             "type": READINESS_GATE,
-            "status": "True" if in_traffic else "False",
-            "reason": "InTraffic" if in_traffic else "OutOfTraffic",
+            "status": "True" if gate_open else "False",
+            "reason": "InTraffic" if gate_open else "OutOfTraffic",
             "message": "set by the modeldeploy operator",
             "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         }

@@ -153,8 +153,8 @@ class ReconcileContext:
         assert spec is not None, f"revision {revision} has no readable spec"
         return spec
 
-    def in_traffic(self, revision: str) -> int:
-        return self.counts.get(revision, RevisionCounts()).in_traffic
+    def pods_in_traffic(self, revision: str) -> int:
+        return self.counts.get(revision, RevisionCounts()).pods_in_traffic
 
     def routable(self, revision: str) -> bool:
         return self.counts.get(revision, RevisionCounts()).routable

@@ -69,12 +69,12 @@ def drain_route_leavers(
     planned = {t.revision: t for t in decision.targets}
     targets, kept = [], False
     for t in decision.targets:
-        pods = counts.get(t.revision, RevisionCounts()).in_traffic
+        pods = counts.get(t.revision, RevisionCounts()).pods_in_traffic
         if pods > t.in_traffic_pods and t.revision not in (decision.stable, decision.canary):
             t, kept = replace(t, replicas=max(t.replicas, pods), in_traffic_pods=pods), True
         targets.append(t)
     for rev, spec in live_specs.items():
-        pods = counts.get(rev, RevisionCounts()).in_traffic
+        pods = counts.get(rev, RevisionCounts()).pods_in_traffic
         if rev not in planned and spec is not None and pods > 0:
             targets.append(rt.Target(rev, spec, pods, "old", pods))
             kept = True

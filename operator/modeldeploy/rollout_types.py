@@ -67,10 +67,6 @@ class Target:
     role: Role
     in_traffic_pods: int  # how many of its pods carry the in-traffic gate True
 
-    @property
-    def in_traffic(self) -> bool:
-        return self.in_traffic_pods > 0
-
 
 @dataclass(frozen=True)
 class Event:

@@ -86,7 +86,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
 class RevisionCounts:
     current: int = 0
     ready: int = 0  # server ready (containers ready), in traffic or warm
-    in_traffic: int = 0  # pod Ready: containers ready and the in-traffic gate True
+    pods_in_traffic: int = 0  # pod Ready: containers ready and the in-traffic gate True
     unschedulable: int = 0
     scheduling_message: str | None = None
     fetch_failed: int = 0  # pods whose model fetch failed (and not fetched since)
@@ -100,7 +100,7 @@ class RevisionCounts:
     def routable(self) -> bool:
         """A route may send here: a pod Ready and in traffic and, where the EndpointSlices are observed, a
         ready endpoint the gateway can know (:mod:`modeldeploy.traffic_split`)."""
-        return self.in_traffic > 0 and (self.endpoints is None or self.endpoints > 0)
+        return self.pods_in_traffic > 0 and (self.endpoints is None or self.endpoints > 0)
 
 
 def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
@@ -110,11 +110,11 @@ def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
             continue
         a = acc.setdefault(
             p.revision,
-            {"current": 0, "ready": 0, "in_traffic": 0, "unschedulable": 0, "messages": [], "fetch": []},
+            {"current": 0, "ready": 0, "pods_in_traffic": 0, "unschedulable": 0, "messages": [], "fetch": []},
         )
         a["current"] += 1
         a["ready"] += int(p.containers_ready)
-        a["in_traffic"] += int(p.ready)
+        a["pods_in_traffic"] += int(p.ready)
         if p.unschedulable:
             a["unschedulable"] += 1
             if p.scheduling_message:
@@ -125,7 +125,7 @@ def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
         rev: RevisionCounts(
             current=a["current"],
             ready=a["ready"],
-            in_traffic=a["in_traffic"],
+            pods_in_traffic=a["pods_in_traffic"],
             unschedulable=a["unschedulable"],
             # the same message for every pending pod is the common case; keep the first, sorted for stability
             scheduling_message=sorted(a["messages"])[0] if a["messages"] else None,

@@ -128,7 +128,7 @@ def revision_rows(
                 replicas=t.replicas,
                 current_replicas=pods.current,
                 ready_replicas=pods.ready,
-                in_traffic_replicas=pods.in_traffic,
+                in_traffic_replicas=pods.pods_in_traffic,
                 unschedulable_replicas=pods.unschedulable,
                 scheduling_message=pods.scheduling_message,
                 model_version=t.spec.model.version,
@@ -143,8 +143,8 @@ def canary_achieved(decision: rt.Decision, counts: Mapping[str, RevisionCounts])
         return None
     if decision.routing_mode == "gatewayAPI":
         return route_weight(decision, counts)  # exact: the route's weights
-    canary_in = counts.get(decision.canary, RevisionCounts()).in_traffic
-    stable_in = counts.get(decision.stable, RevisionCounts()).in_traffic
+    canary_in = counts.get(decision.canary, RevisionCounts()).pods_in_traffic
+    stable_in = counts.get(decision.stable, RevisionCounts()).pods_in_traffic
     return achieved_weight(canary_in, stable_in) or 0
 
 

@@ -63,7 +63,7 @@ def deployment_replicas(target: Target, counts: Mapping[str, RevisionCounts]) ->
     not-ready pods first, so it deletes those. Scaled at once, the ReplicaSet, which still saw every pod
     Ready, could delete the pods the gates kept in traffic (its order is its own) and leave the revision
     serving from none: every client on the other revision until the next reconcile."""
-    return max(target.replicas, counts.get(target.revision, RevisionCounts()).in_traffic)
+    return max(target.replicas, counts.get(target.revision, RevisionCounts()).pods_in_traffic)
 
 
 def pod_gates(facts: Sequence[PodFacts], targets: Sequence[Target]) -> list[tuple[str, bool]]:

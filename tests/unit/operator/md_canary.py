@@ -158,7 +158,7 @@ class World:
             if revision is None or p["metadata"]["labels"][b.LABEL_REVISION] == revision
         ]
 
-    def in_traffic(self, revision: str) -> int:
+    def pods_in_traffic(self, revision: str) -> int:
         return sum(1 for p in self.pods(revision) if _cond(p, "Ready") == "True")
 
     def gated(self, revision: str) -> dict[str, str | None]:

@@ -117,7 +117,7 @@ def test_hpa_scaling_during_a_canary_keeps_the_weight_within_one_pod():
         w.reconcile()  # settled: no clock tick, so no step change in between
         if w.status.get("canaryRevision") != canary:
             break
-        c_in, s_in = w.in_traffic(canary), w.in_traffic(stable)
+        c_in, s_in = w.pods_in_traffic(canary), w.pods_in_traffic(stable)
         weight = w.status["canaryWeight"]
         assert (c_in, s_in) == replica_split(replicas, weight)  # re-split for the new count
         assert c_in + s_in >= replicas  # capacity follows the autoscaler
@@ -140,13 +140,13 @@ def test_scaling_in_during_a_canary_never_leaves_a_revision_without_a_pod_in_tra
     stable = w.deploy_first()
     canary = w.new_version("2")
     w.run_for(3)
-    assert (w.in_traffic(canary), w.in_traffic(stable)) == (2, 2)
+    assert (w.pods_in_traffic(canary), w.pods_in_traffic(stable)) == (2, 2)
     empty: list[str] = []
     reconcile, controllers = w.rec.reconcile, w.controllers
 
     def check(when: str) -> None:
         for rev in (stable, canary):
-            if w.in_traffic(rev) == 0:
+            if w.pods_in_traffic(rev) == 0:
                 empty.append(f"{when}: {rev} has no pod in traffic ({w.gated(rev)})")
 
     def checked_reconcile(ns: str, name: str):
@@ -163,7 +163,7 @@ def test_scaling_in_during_a_canary_never_leaves_a_revision_without_a_pod_in_tra
     w.raw["metadata"]["generation"] += 1
     w.run_for(5)
     assert empty == []
-    assert (w.in_traffic(canary), w.in_traffic(stable)) == (1, 1)
+    assert (w.pods_in_traffic(canary), w.pods_in_traffic(stable)) == (1, 1)
     # and the extra pods are gone: the canary keeps its pod, the stable its full count (one in traffic)
     assert (len(w.pods(canary)), len(w.pods(stable))) == (1, replicas)
     assert w.status["achievedCanaryWeight"] == 50

@@ -27,7 +27,7 @@ def test_first_revision_goes_straight_to_100_percent():
     rev = w.deploy_first()
     st = w.status
     assert st["stableRevision"] == rev and "canaryRevision" not in st and "step" not in st
-    assert w.in_traffic(rev) == 2
+    assert w.pods_in_traffic(rev) == 2
     assert [h["outcome"] for h in st["history"]] == ["Deployed"]
     assert st["phase"] == "Healthy"
     assert w.prom.queries == []  # nothing to judge
@@ -45,7 +45,7 @@ def test_good_revision_is_promoted_through_every_step_with_warm_previous():
     st = w.status
     assert (st["canaryRevision"], st["step"], st["canaryWeight"]) == (new, 0, 25)
     # replicas mode, 2 replicas, 25 %: one canary pod next to two stable pods -> 33 %
-    assert (w.in_traffic(new), w.in_traffic(old)) == (1, 2)
+    assert (w.pods_in_traffic(new), w.pods_in_traffic(old)) == (1, 2)
     assert st["achievedCanaryWeight"] == 33
     assert st["phase"] == "Progressing"
     seen = []
@@ -65,7 +65,7 @@ def test_good_revision_is_promoted_through_every_step_with_warm_previous():
     assert st["previousRevision"] == old and st["previousExpiresAt"]
     assert [h["outcome"] for h in st["history"]] == ["Deployed", "Promoted"]
     # the previous revision keeps one warm pod, out of traffic, one of its original pods (not restarted)
-    assert w.in_traffic(new) == 2 and w.in_traffic(old) == 0
+    assert w.pods_in_traffic(new) == 2 and w.pods_in_traffic(old) == 0
     warm = w.gated(old)
     assert len(warm) == 1 and set(warm.values()) == {"False"} and set(warm) <= old_pods
     assert {r["revision"]: r["role"] for r in st["revisions"]} == {new: "stable", old: "previous"}
@@ -122,7 +122,7 @@ def test_erroring_canary_is_rolled_back_at_the_first_failed_window():
     assert len(ev) == 1 and ev[0]["type"] == "Warning" and "0.2" in ev[0]["message"]
     assert rollout_metric("rolled_back") == before + 1
     # all traffic on the stable revision; the failed revision is gone and stays gone
-    assert w.in_traffic(old) == 2 and w.pods(new) == []
+    assert w.pods_in_traffic(old) == 2 and w.pods(new) == []
     assert w.fake.obj("Deployment", f"minilm-{new}") is None
     w.run_for(30)
     assert w.fake.obj("Deployment", f"minilm-{new}") is None
@@ -264,7 +264,7 @@ def test_canary_pods_lost_mid_step_hold_the_step_and_the_stable_keeps_serving(st
     w.run_for(60)
     st = w.status
     assert st["canaryRevision"] == new and st["step"] == step
-    assert w.in_traffic(new) == 0 and w.in_traffic(old) == stable_in
+    assert w.pods_in_traffic(new) == 0 and w.pods_in_traffic(old) == stable_in
     assert [h["outcome"] for h in st["history"]] == ["Deployed"]  # nothing judged on no traffic
     assert "AnalysisHold" in w.event_reasons()
     lose_pods(w, new, lost=False)
@@ -372,13 +372,13 @@ def test_bad_during_bake_fails_back_to_the_warm_previous_without_restarting_it()
     # make before break: the failed revision keeps its pods in traffic until a pod of the old one is Ready
     assert set(w.gated(new).values()) == {"True"} and len(w.pods(new)) == 2
     w.controllers()  # the kubelet: the warm pod is Ready (its gate is True)
-    assert w.in_traffic(old) >= 1 and warm <= set(w.gated(old))
+    assert w.pods_in_traffic(old) >= 1 and warm <= set(w.gated(old))
     w.rec.reconcile("default", "minilm")  # its status change: now the failed revision leaves traffic
     assert set(w.gated(new).values()) <= {"False"}
     w.controllers()
-    assert w.in_traffic(new) == 0
+    assert w.pods_in_traffic(new) == 0
     w.reconcile()
-    assert w.in_traffic(old) == 2 and w.pods(new) == []
+    assert w.pods_in_traffic(old) == 2 and w.pods(new) == []
     h = w.status["history"][-1]
     assert (h["revision"], h["outcome"]) == (new, "FailedBack") and h["measurement"]["metric"] == ERROR_RATE
     assert w.status["phase"] == "Degraded" and w.cond("Degraded")["reason"] == "FailedBack"
@@ -443,7 +443,7 @@ def test_gateway_api_mode_weights_the_canary_only_once_a_pod_of_it_is_ready():
     assert w.status["canaryWeight"] == 25 and w.status["achievedCanaryWeight"] == 0
     w.reconcile(rounds=2)  # its pod comes up and is gated into traffic
     w.rec.reconcile("default", "minilm")  # the pod is Ready, its endpoint not yet
-    assert w.in_traffic(new) == 1
+    assert w.pods_in_traffic(new) == 1
     canary_slice = w.fake.obj("EndpointSlice", f"minilm-{new}-slice")
     assert [ep["conditions"]["ready"] for ep in canary_slice["endpoints"]] == [False]
     refs = w.fake.obj("HTTPRoute", "minilm")["spec"]["rules"][0]["backendRefs"]

@@ -145,7 +145,7 @@ def test_count_pods_per_revision():
     ]
     counts = count_pods(pod_facts(p) for p in pods)
     r1, r2 = counts["r1"], counts["r2"]
-    assert (r1.current, r1.ready, r1.in_traffic, r1.unschedulable) == (3, 2, 1, 0)
+    assert (r1.current, r1.ready, r1.pods_in_traffic, r1.unschedulable) == (3, 2, 1, 0)
     assert (r2.current, r2.unschedulable) == (2, 2)
     assert r2.scheduling_message == "also no gpu"  # sorted: stable across pod orders
 

@@ -96,7 +96,7 @@ def test_the_fallback_spec_is_the_serving_spec_on_cpu_with_an_optional_lighter_m
 def test_gpus_gone_the_fallback_answers_after_after_and_traffic_returns_with_hysteresis():
     w = GPUWorld(gpu_md(FALLBACK))
     stable = w.deploy_first()
-    assert w.in_traffic(stable) == 2 and w.status["fallback"]["state"] == "Idle"
+    assert w.pods_in_traffic(stable) == 2 and w.status["fallback"]["state"] == "Idle"
     assert w.cond("FallbackActive")["status"] == "False"
     assert len(w.fake.of_kind("Deployment")) == 1  # idleReplicas 0: nothing warm
 
@@ -107,7 +107,7 @@ def test_gpus_gone_the_fallback_answers_after_after_and_traffic_returns_with_hys
     st = w.status
     fb = w.fallback_revision()
     assert st["fallback"]["state"] == "Active" and fb is not None
-    assert w.in_traffic(fb) == 1 and w.in_traffic(stable) == 0
+    assert w.pods_in_traffic(fb) == 1 and w.pods_in_traffic(stable) == 0
     assert st["phase"] == "Degraded" and w.cond("Degraded")["reason"] == "FallbackActive"
     c = w.cond("FallbackActive")
     assert c["status"] == "True" and "unschedulable" in c["message"] and "nvidia.com/gpu" in c["message"]
@@ -121,7 +121,7 @@ def test_gpus_gone_the_fallback_answers_after_after_and_traffic_returns_with_hys
 
     w.gpu_up = True
     w.run_for(25)
-    assert w.status["fallback"]["state"] == "Active" and w.in_traffic(stable) == 0  # hysteresis
+    assert w.status["fallback"]["state"] == "Active" and w.pods_in_traffic(stable) == 0  # hysteresis
     w.gpu_up = False  # a flap within returnAfter restarts the count
     w.run_for(3)
     w.gpu_up = True
@@ -129,7 +129,7 @@ def test_gpus_gone_the_fallback_answers_after_after_and_traffic_returns_with_hys
     assert w.status["fallback"]["state"] == "Active"
     w.run_for(10)
     st = w.status
-    assert st["fallback"]["state"] == "Idle" and w.in_traffic(stable) == 2
+    assert st["fallback"]["state"] == "Idle" and w.pods_in_traffic(stable) == 2
     assert w.fake.obj("Deployment", f"minilm-{fb}") is None
     assert st["phase"] == "Healthy" and w.cond("FallbackActive")["status"] == "False"
     reasons = w.event_reasons()
@@ -148,10 +148,10 @@ def test_returning_keeps_the_fallback_in_traffic_until_a_gpu_pod_is_ready():
     w.clock.tick(1)
     w.rec.reconcile("default", "minilm")
     assert w.status["fallback"]["state"] == "Returning"
-    assert w.in_traffic(fb) == 1  # still answering: never a moment without an endpoint
+    assert w.pods_in_traffic(fb) == 1  # still answering: never a moment without an endpoint
     w.controllers()
     w.reconcile()
-    assert w.status["fallback"]["state"] == "Idle" and w.in_traffic(stable) == 2
+    assert w.status["fallback"]["state"] == "Idle" and w.pods_in_traffic(stable) == 2
 
 
 class LoadingWorld(GPUWorld):
@@ -171,7 +171,7 @@ def test_a_first_revision_still_loading_is_no_reason_to_fall_back():
     w.reconcile()
     w.run_for(120)
     assert w.status["fallback"]["state"] == "Idle" and "noTrafficSince" not in w.status["fallback"]
-    assert w.fallback_revision() is not None and w.in_traffic(w.fallback_revision()) == 0
+    assert w.fallback_revision() is not None and w.pods_in_traffic(w.fallback_revision()) == 0
 
 
 def test_unschedulable_pods_with_nothing_in_traffic_do_trigger_it_even_before_any_service():
@@ -202,17 +202,18 @@ def test_a_canary_is_held_while_the_fallback_serves_and_resumes_after():
     assert w.status["fallback"]["state"] == "Idle"
     w.run_for(40)
     assert w.status["stableRevision"] == new and w.prom.windows(new) > windows
-    assert w.in_traffic(old) == 0
+    assert w.pods_in_traffic(old) == 0
 
 
 def test_idle_replicas_keep_warm_fallback_pods_out_of_traffic():
     w = GPUWorld(gpu_md({**FALLBACK, "idleReplicas": 1}))
     stable = w.deploy_first()
     fb = w.fallback_revision()
-    assert fb is not None and len(w.pods(fb)) == 1 and w.in_traffic(fb) == 0 and w.in_traffic(stable) == 2
+    assert fb is not None and len(w.pods(fb)) == 1
+    assert w.pods_in_traffic(fb) == 0 and w.pods_in_traffic(stable) == 2
     w.gpu_up = False
     w.run_for(61)
-    assert w.in_traffic(fb) == 1  # the warm pod goes into traffic: no cold start
+    assert w.pods_in_traffic(fb) == 1  # the warm pod goes into traffic: no cold start
 
 
 def test_gateway_mode_routes_everything_to_the_fallback_while_it_serves():
@@ -247,7 +248,7 @@ def test_editing_the_fallback_while_it_serves_keeps_it_active_on_its_new_revisio
     w.run_for(2)
     second = w.fallback_revision()
     assert second != first and w.status["fallback"]["state"] == "Active"
-    assert w.in_traffic(second) == 1 and w.fake.obj("Deployment", f"minilm-{first}") is None
+    assert w.pods_in_traffic(second) == 1 and w.fake.obj("Deployment", f"minilm-{first}") is None
 
 
 def test_removing_the_fallback_while_it_serves_says_so():
@@ -262,7 +263,7 @@ def test_removing_the_fallback_while_it_serves_says_so():
     assert "fallback" not in w.status and "FallbackRemoved" in w.event_reasons()
     # make before break: its pods are the only ones in traffic, so they keep serving until a GPU pod is
     w.run_for(20)
-    assert w.in_traffic(fb) == 1 and w.in_traffic(stable) == 0
+    assert w.pods_in_traffic(fb) == 1 and w.pods_in_traffic(stable) == 0
     w.gpu_up = True
     w.run_for(3)
-    assert w.in_traffic(stable) == 2 and w.fake.obj("Deployment", f"minilm-{fb}") is None
+    assert w.pods_in_traffic(stable) == 2 and w.fake.obj("Deployment", f"minilm-{fb}") is None

@@ -66,7 +66,8 @@ def test_before_first_step_holds_the_canary_warm_and_out_of_traffic_until_the_ga
     assert (st["canaryRevision"], st["step"], st["canaryWeight"]) == (new, 0, 0)
     assert st["phase"] == "Progressing" and st["stableRevision"] == old
     # the canary's pod is up, warm, its readiness gate False; the stable keeps every pod in traffic
-    assert list(w.gated(new).values()) == ["False"] and w.in_traffic(new) == 0 and w.in_traffic(old) == 2
+    assert list(w.gated(new).values()) == ["False"]
+    assert w.pods_in_traffic(new) == 0 and w.pods_in_traffic(old) == 2
     assert w.prom.windows(new) == 0 and "stepStartedAt" not in st
     gate = st["gate"]
     assert (gate["gate"], gate["revision"], gate["host"], gate["message"]) == (
@@ -87,7 +88,7 @@ def test_before_first_step_holds_the_canary_warm_and_out_of_traffic_until_the_ga
     fake.answers["beforeFirstStep"] = OPEN
     w.run_for(2)
     st = w.status
-    assert (st["step"], st["canaryWeight"], w.in_traffic(new)) == (0, 25, 1)
+    assert (st["step"], st["canaryWeight"], w.pods_in_traffic(new)) == (0, 25, 1)
     assert st["gate"]["openedAt"] and w.cond("Progressing")["reason"] == "CanaryProgressing"
     assert "GateOpened" in w.event_reasons()
     asks = fake.count("beforeFirstStep")
@@ -104,7 +105,7 @@ def test_an_unanswered_gate_waits_asking_and_the_wait_event_comes_with_the_first
     fake.answers["beforeFirstStep"] = None
     w.reconcile()
     w.run_for(5)
-    assert w.status["gate"]["message"] == "asking" and w.in_traffic(new) == 0
+    assert w.status["gate"]["message"] == "asking" and w.pods_in_traffic(new) == 0
     assert "GateWaiting" not in w.event_reasons()
     fake.answers["beforeFirstStep"] = GateAnswer(False, "no answer within 2s")
     w.run_for(2)
@@ -127,7 +128,7 @@ def test_before_promotion_waits_after_the_last_step_and_keeps_judging():
     )
     assert st["gate"]["gate"] == "beforePromotion" and st["gate"]["message"] == "HTTP 403"
     assert w.cond("Progressing")["reason"] == "WaitingForGate" and st["phase"] == "Progressing"
-    assert w.in_traffic(new) == 2
+    assert w.pods_in_traffic(new) == 2
     windows = w.prom.windows(new)
     w.run_for(30)
     assert w.status["stableRevision"] == old
@@ -190,15 +191,15 @@ def test_a_restarted_operator_resumes_the_wait_and_never_asks_an_open_gate_again
     w.rec = w.new_operator()
     w.rec.gates = fake
     w.run_for(5)
-    assert w.status["gate"]["waitingSince"] == since and w.in_traffic(new) == 0
+    assert w.status["gate"]["waitingSince"] == since and w.pods_in_traffic(new) == 0
     fake.answers["beforeFirstStep"] = OPEN
     w.run_for(2)
-    assert w.in_traffic(new) == 1
+    assert w.pods_in_traffic(new) == 1
     fake.answers["beforeFirstStep"] = CLOSED  # closed again: too late, the gate was passed
     w.rec = w.new_operator()
     w.rec.gates = fake
     w.run_for(3)
-    assert w.in_traffic(new) == 1 and w.status["gate"]["openedAt"]
+    assert w.pods_in_traffic(new) == 1 and w.status["gate"]["openedAt"]
 
 
 def test_without_an_asker_a_gate_is_never_open():
@@ -208,7 +209,7 @@ def test_without_an_asker_a_gate_is_never_open():
     new = w.new_version("2")
     w.reconcile()
     w.run_for(20)
-    assert w.in_traffic(new) == 0 and "no gate asker" in w.status["gate"]["message"]
+    assert w.pods_in_traffic(new) == 0 and "no gate asker" in w.status["gate"]["message"]
 
 
 def test_kubectl_modeldeploy_status_says_which_gate_is_waited_for():

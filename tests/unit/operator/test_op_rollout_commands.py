@@ -67,7 +67,7 @@ def test_manual_rollback_fails_back_to_the_warm_previous():
     w.reconcile()
     st = w.status
     assert st["stableRevision"] == old and st["history"][-1]["outcome"] == "FailedBack"
-    assert "manual" in st["history"][-1]["reason"] and w.in_traffic(old) == 2
+    assert "manual" in st["history"][-1]["reason"] and w.pods_in_traffic(old) == 2
     # without a warm revision a rollback is refused with a warning, nothing changes
     command(w, action="rollback", revision=old)
     w.reconcile()

@@ -185,7 +185,7 @@ def test_a_failback_keeps_the_failed_revision_routed_until_the_warm_pods_endpoin
     w.run_for(35)
     assert w.status["stableRevision"] == new and weights(w) == [(f"minilm-{new}", 100)]
     w.run_for(routing.ROUTE_DRAIN_SECONDS)  # the old stable's pods leave traffic (warm, not Ready)
-    assert w.in_traffic(old) == 0
+    assert w.pods_in_traffic(old) == 0
     w.prom.values[new] = {ERROR_RATE: 0.3}
     w.clock.tick(10)
     w.rec.reconcile("default", "minilm")  # the decision
@@ -236,7 +236,7 @@ def test_a_rolled_back_canary_keeps_its_endpoints_until_the_gateway_has_the_rout
     assert [h["outcome"] for h in w.status["history"]][-1] == "RolledBack"
     assert weights(w) == [(f"minilm-{old}", 100)] and header_target(w) is None  # at once
     assert violations == []
-    assert w.in_traffic(new) > 0  # still Ready: the gateway may route by the old route for a while
+    assert w.pods_in_traffic(new) > 0  # still Ready: the gateway may route by the old route for a while
     w.run_for(routing.ROUTE_DRAIN_SECONDS + 5)
     assert w.pods(new) == [] and w.fake.obj("Deployment", f"minilm-{new}") is None  # then gone
     assert violations == []
@@ -252,7 +252,7 @@ def test_a_promotion_keeps_the_old_stables_endpoints_until_the_gateway_has_the_n
         if w.status.get("stableRevision") == new:
             break
     assert w.status["stableRevision"] == new and weights(w) == [(f"minilm-{new}", 100)]
-    assert w.in_traffic(old) > 0
+    assert w.pods_in_traffic(old) > 0
     w.run_for(routing.ROUTE_DRAIN_SECONDS + 5)
-    assert w.in_traffic(old) == 0 and len(w.pods(old)) == 1  # kept warm (keepPrevious), out of traffic
+    assert w.pods_in_traffic(old) == 0 and len(w.pods(old)) == 1  # kept warm (keepPrevious), out of traffic
     assert violations == []

@@ -46,7 +46,7 @@ class Watch:
     def run_for(self, seconds: int) -> None:
         for _ in range(seconds):
             self.w.run_for(1)
-            self.max_in_traffic = max(self.max_in_traffic, self.w.in_traffic(self.revision))
+            self.max_in_traffic = max(self.max_in_traffic, self.w.pods_in_traffic(self.revision))
             phase = self.w.status.get("phase")
             if not self.phases or self.phases[-1] != phase:
                 self.phases.append(phase)
@@ -61,7 +61,7 @@ def test_a_revision_that_agrees_shadows_out_of_traffic_then_goes_through_the_ste
     assert st["phase"] == "Shadowing" and st["canaryRevision"] == new and st["shadow"]["revision"] == new
     assert w.cond("Progressing")["reason"] == "Shadowing"
     # one warm shadow pod (2 replicas x 0.2, rounded up), out of traffic; both stable pods serve
-    assert len(w.pods(new)) == 1 and w.in_traffic(new) == 0 and w.in_traffic(old) == 2
+    assert len(w.pods(new)) == 1 and w.pods_in_traffic(new) == 0 and w.pods_in_traffic(old) == 2
     # the stable pods copy to the shadow's revision Service, which publishes its not-ready pods
     svc = w.fake.obj("Service", f"minilm-{new}")
     assert svc["spec"]["publishNotReadyAddresses"] is True
@@ -233,7 +233,7 @@ def test_promote_skips_the_shadow_stage_and_a_stale_skip_changes_nothing():
 def test_the_first_revision_has_nothing_to_shadow():
     w = shadow_world()
     rev = w.deploy_first()
-    assert w.status["stableRevision"] == rev and "shadow" not in w.status and w.in_traffic(rev) == 2
+    assert w.status["stableRevision"] == rev and "shadow" not in w.status and w.pods_in_traffic(rev) == 2
 
 
 def test_min_agreement_keeps_comparing_during_the_steps_and_the_bake():

@@ -41,7 +41,7 @@ def test_a_revision_that_answers_404_to_every_client_is_rolled_back_not_promoted
     assert outcomes(w)[-1] == (new, "RolledBack")
     m = st["history"][-1]["measurement"]
     assert m["metric"] == CLIENT_ERRORS and m["value"] == 1.0 and m["threshold"] == 0.05
-    assert w.in_traffic(new) == 0 and w.in_traffic(old) == 2
+    assert w.pods_in_traffic(new) == 0 and w.pods_in_traffic(old) == 2
 
 
 def test_a_client_error_share_like_the_stables_passes():
@@ -163,7 +163,7 @@ def test_the_stable_deployment_deleted_after_a_rollback_is_recreated_and_the_fai
     assert w.cond("Degraded")["reason"] in ("RolledBack", "StableRecreated")
     assert [e for e in w.fake.events if e["reason"] == "StableRecreated"]
     w.run_for(30)
-    assert w.in_traffic(old) == 2 and w.in_traffic(new) == 0
+    assert w.pods_in_traffic(old) == 2 and w.pods_in_traffic(new) == 0
     assert outcomes(w) == before  # nothing promoted, nothing recorded twice
 
 
@@ -179,7 +179,7 @@ def test_the_stable_deployment_deleted_mid_canary_is_recreated_and_the_canary_go
     assert w.cond("Degraded")["reason"] == "StableRecreated" and deployment(w, old) is not None
     w.controllers()
     w.run_for(5)
-    assert w.cond("Degraded")["status"] == "False" and w.in_traffic(old) >= 1
+    assert w.cond("Degraded")["status"] == "False" and w.pods_in_traffic(old) >= 1
     w.run_for(40)
     assert outcomes(w)[-1] == (new, "Promoted")
 
@@ -208,7 +208,7 @@ def test_without_a_recorded_spec_a_rolled_back_revision_is_never_promoted_into_t
     w.reconcile()
     w.run_for(10)
     st = w.status
-    assert st["stableRevision"] == old and w.in_traffic(new) == 0
+    assert st["stableRevision"] == old and w.pods_in_traffic(new) == 0
     assert w.cond("Degraded")["reason"] == "StableMissing"
     assert "promote --full" in w.cond("Degraded")["message"]
     assert (new, "Promoted") not in outcomes(w)
@@ -217,7 +217,7 @@ def test_without_a_recorded_spec_a_rolled_back_revision_is_never_promoted_into_t
     w.reconcile()
     w.run_for(2)
     assert w.status["stableRevision"] == new and outcomes(w)[-1] == (new, "Promoted")
-    assert w.in_traffic(new) == 2
+    assert w.pods_in_traffic(new) == 2
 
 
 def test_without_a_recorded_spec_a_healthy_current_revision_is_deployed_and_says_so():
