@@ -6,10 +6,11 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
 from modeldeploy.api import ModelDeployment
 from modeldeploy.api_rollout import CompareSpec
 from modeldeploy.builders import pod_template, shadow_service, spec_revision
-from modeldeploy.model_storage import FETCH_REASONS
+from modeldeploy.model_storage import FETCH_REASONS, parse_termination_message
 from modeldeploy.rollout_types import Mirror
 from modelserver.dir_digest import dir_digest_of
 from modelserver.fetch_errors import REASONS
@@ -51,6 +52,16 @@ def test_the_shadow_target_the_operator_writes_is_the_one_the_server_reads() -> 
 
 def test_the_fetch_failure_reasons_the_operator_knows_are_the_ones_the_fetch_writes() -> None:
     assert set(FETCH_REASONS) == set(REASONS)
+
+
+@pytest.mark.parametrize("error", sorted(REASONS.values(), key=lambda e: e.reason), ids=lambda e: e.reason)
+def test_the_termination_line_the_fetch_writes_is_the_failure_the_operator_reads(error: type) -> None:
+    message = "no object under s3://models/minilm/v1:\n  (tried 3 times: 404)"  # a colon, a second line
+    failure = parse_termination_message(error(message).line())
+    assert (failure.reason, failure.message) == (
+        error.reason,
+        "no object under s3://models/minilm/v1: (tried 3 times: 404)",
+    )
 
 
 def test_one_directory_digest_for_the_server_and_the_fetch(tmp_path: Path) -> None:
