@@ -1,6 +1,6 @@
 """Pure status logic: pod facts, metav1.Conditions, phase, and the status diff.
 
-* :func:`pod_facts` reads what matters of a pod (scheduled? the scheduler's reason; containers ready;
+* :func:`pod_facts` reads what matters of a pod (unschedulable? the scheduler's reason; containers ready;
   in traffic).
 * :func:`merge_conditions` keeps ``lastTransitionTime`` unless a condition's status flips.
 * :func:`status_patch` returns the JSON merge patch that turns the live status into the computed one,
