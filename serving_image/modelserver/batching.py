@@ -453,10 +453,15 @@ class BatchQueue:
         """Feed a finished batch's latency to the cost model."""
         a = 0.2
         # The plan's fixed cost is at least what batches of 1-2 items take beyond the predicted time: a model
-        # fitted to c0 ~ 0 (after a burst of large batches) cannot leave a backlog to small batches.
+        # fitted to c0 ~ 0 (after a burst of large batches) cannot leave a backlog to small batches. It
+        # decays by 10 % a larger batch: under saturation no small batch comes to refresh it, and a value
+        # left from the ramp-up made every batch the whole queue padded to its longest (short texts: 0.82x
+        # the throughput of adaptive-v1, which ignores it; issue 26).
         if batch.size <= 2:
             excess = seconds - self.cost.predict(batch.size, batch.padded_length)
             self.excess_s += a * (excess - self.excess_s)
+        else:
+            self.excess_s *= 0.9
         self.cost.observe(batch.size, batch.padded_length, seconds)
         self.recent_batch_s = (
             seconds if self.recent_batch_s == 0 else (1 - a) * self.recent_batch_s + a * seconds

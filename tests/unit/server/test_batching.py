@@ -274,6 +274,26 @@ async def test_close_rejects_new_and_flushes_queued(make_queue, make_item):
 # -- split on failure ----------------------------------------------------------------------------------------
 
 
+async def test_slow_small_batches_of_the_ramp_up_do_not_pad_every_later_batch(make_item, clock):
+    """Batches of 1-2 items that ran slower than predicted raise the plan's fixed cost (so that a backlog
+    is not served in tiny batches); under saturation no small batch comes to refresh that, so it fades with
+    every larger batch -- else every batch would be the whole queue padded to its longest."""
+    q = BatchQueue(
+        BatchingConfig(max_queue_delay_s=0.0, max_batch_size=64),
+        clock=clock,
+        cost_model=fixed_cost(0.010, c2=7e-5),
+    )
+    for _ in range(20):  # the ramp-up: lone items 44 ms slower than the model says
+        q.record(Batch([make_item(10)], 10, clock()), q.cost.predict(1, 10) + 0.044)
+    assert q.excess_s > 0.040
+    for _ in range(40):  # then saturation: full batches, as predicted
+        q.record(Batch([make_item(20) for _ in range(32)], 20, clock()), q.cost.predict(32, 20))
+    q.submit([make_item((6, 13, 20)[i % 3]) for i in range(63)])
+    batch = q.try_form()
+    assert isinstance(batch, Batch)
+    assert (batch.size, batch.padded_length) == (21, 6)  # one length group, not 63 items padded to 20
+
+
 def test_oom_splits_the_batch_and_retries():
     calls = []
 
