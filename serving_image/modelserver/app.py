@@ -45,6 +45,7 @@ from .errors import (
     ServerError,
     UnsupportedEncoding,
 )
+from .infer_route import InferRoute, infer_target
 from .inflate import ENCODINGS, inflate
 from .logs import request_id_var
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -295,6 +296,7 @@ class ModelServerApp(FastAPI):
         # infer requests from their arrival at the application to their answer (max_concurrent_requests)
         self.door = Door(service.settings.max_concurrent_requests, self._on_refused, self.revision_header)
         self.add_middleware(RequestContext, server=self)
+        self._infer_route = RequestContext(InferRoute(self, self._infer, EXCEPTION_HANDLERS), server=self)
         self._add_routes()
 
     def _add_routes(self) -> None:
@@ -414,7 +416,14 @@ class ModelServerApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The door first (modelserver.door): the arrival time, and the in-flight bound of infer requests."""
-        await self.door(super().__call__, scope, receive, send)
+        await self.door(self._serve, scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """An infer request on its own route (modelserver.infer_route), anything else through Starlette."""
+        if infer_target(scope) is not None:
+            await self._infer_route(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
     def _on_refused(self) -> None:
         m = self.service.metrics
