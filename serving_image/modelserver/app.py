@@ -45,6 +45,7 @@ from .errors import (
     ServerError,
     UnsupportedEncoding,
 )
+from .infer_route import TARGET as INFER_TARGET
 from .infer_route import InferRoute, infer_target
 from .inflate import ENCODINGS, inflate
 from .logs import request_id_var
@@ -420,7 +421,9 @@ class ModelServerApp(FastAPI):
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         """An infer request on its own route (modelserver.infer_route), anything else through Starlette."""
-        if infer_target(scope) is not None:
+        target = infer_target(scope)
+        if target is not None:
+            scope[INFER_TARGET] = target  # matched once: the route reads it from the scope
             await self._infer_route(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)

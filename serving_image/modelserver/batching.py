@@ -258,20 +258,19 @@ class BatchQueue:
         (tests/integration/server/test_overload.py)."""
         now = self.clock()
         queued = [it for it in items if it.queued]
-        if queued:
-            self._remove(queued)
-        was_queued = {id(it) for it in queued}
         for it in items:
             if it.future is None or it.future.done():
                 continue
             self.observer.on_reject(DeadlineExpired.reason)
-            where = "in the queue" if id(it) in was_queued else "while its batch ran"
+            where = "in the queue" if it.queued else "while its batch ran"
             it.future.set_exception(
                 DeadlineExpired(
                     f"deadline expired after {(now - it.arrival) * 1000:.0f} ms {where}",
                     retry_after=self.retry_after(),
                 )
             )
+        if queued:
+            self._remove(queued)
 
     def _sweep(self, now: float) -> None:
         """Fail expired items, drop cancelled ones."""

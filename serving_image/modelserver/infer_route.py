@@ -29,6 +29,10 @@ Endpoint = Callable[[Request, str, "str | None"], Awaitable[Response]]
 Handler = Callable[[Request, Any], Awaitable[Response]]
 
 
+#: the scope key of the (model name, version or None) that :func:`infer_target` matched
+TARGET = "modelserver.infer_target"
+
+
 def infer_target(scope: Scope) -> tuple[str, str | None] | None:
     """(model name, version or None) of an infer request this route serves, else None."""
     if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
@@ -48,12 +52,11 @@ class InferRoute:
         self.handlers = dict(handlers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        target = infer_target(scope)
-        assert target is not None, "InferRoute called for a request it does not serve"
+        """Serve a request whose ``scope[TARGET]`` the caller set from :func:`infer_target` (matched once)."""
         scope["app"] = self.app
         request = Request(scope, receive, send)
         try:
-            response = await self.endpoint(request, *target)
+            response = await self.endpoint(request, *scope[TARGET])
         except Exception as exc:
             handler = self._handler(exc)
             if handler is None:
