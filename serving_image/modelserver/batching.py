@@ -68,6 +68,10 @@ log = logging.getLogger("modelserver.batching")
 
 Clock = Callable[[], float]
 
+#: the dispatch check's hand-back margin (:attr:`BatchQueue.overrun_s`) halves in this time; under load,
+#: about what the 10 % per answered batch it replaced gave with batches of 30-40 ms
+OVERRUN_HALF_LIFE_S = 0.25
+
 
 # ----------------------------------------------------------------------------------------------------------
 # items and batches
@@ -172,12 +176,25 @@ class BatchQueue:
         self.recent_batch_s = 0.0  # EMA of batch latency
         self.excess_s = 0.0  # EMA of measured minus predicted latency of batches of 1-2 items
         self.in_flight_s = 0.0  # estimated remaining time of the batch being run
-        #: how much later than predicted recent batches handed their answers back (a decaying maximum): the
-        #: dispatch check adds it, so answers are not late by what the prediction leaves out (the thread
-        #: hand-offs, an event loop busy with other requests, a slower machine than the cost model saw)
-        self.overrun_s = 0.0
+        #: how much later than predicted recent batches handed their answers back (a maximum that halves every
+        #: ``OVERRUN_HALF_LIFE_S``; see :attr:`overrun_s`): the dispatch check adds it, so answers are not
+        #: late by what the prediction leaves out (the thread hand-offs, an event loop busy with other
+        #: requests, a slower machine than the cost model saw)
+        self._overrun_peak_s = 0.0
+        self._overrun_at = 0.0
 
     # -- state -----------------------------------------------------------------------------------------
+    @property
+    def overrun_s(self) -> float:
+        """The hand-back margin now: the largest recent lateness, halved every ``OVERRUN_HALF_LIFE_S``.
+
+        It fades with time, not with answered batches: a margin past every deadline lets no batch run, so
+        one that faded only as batches were answered never faded -- one stall of the process longer than
+        the deadline (a CPU-throttled or frozen pod, SIGSTOP in
+        tests/integration/server/test_overload.py) left the server answering every request 504, for good."""
+        age = self.clock() - self._overrun_at
+        return self._overrun_peak_s * 0.5 ** (max(0.0, age) / OVERRUN_HALF_LIFE_S)
+
     @property
     def depth(self) -> int:
         return len(self._items)
@@ -468,9 +485,12 @@ class BatchQueue:
 
     def record_answered(self, batch: Batch, predicted_s: float) -> None:
         """A batch's answers were handed back now, ``predicted_s`` (the cost model's time) after it was
-        formed: how much later than that feeds :attr:`overrun_s`, a maximum that decays by 10 % a batch."""
-        late = self.clock() - batch.formed_at - predicted_s
-        self.overrun_s = max(late, 0.9 * self.overrun_s, 0.0)
+        formed: how much later than that feeds :attr:`overrun_s`, a maximum that halves every
+        ``OVERRUN_HALF_LIFE_S``."""
+        now = self.clock()
+        late = now - batch.formed_at - predicted_s
+        if late >= self.overrun_s:
+            self._overrun_peak_s, self._overrun_at = max(late, 0.0), now
 
     def lower_budget_after_oom(self, batch: Batch) -> None:
         new = max(batch.padded_length, batch.padded_tokens // 2)

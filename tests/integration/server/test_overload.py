@@ -10,7 +10,9 @@ load right after. Every outcome is counted and classified in the test's output.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -171,5 +173,38 @@ async def test_open_loop_overload_is_shed_and_every_answer_meets_its_deadline(se
         assert kinds["429"] + kinds["503"] + kinds["504"] > 0, kinds  # and it was overloaded: it shed
         after = [await pool.call(request(i)) for i in range(20)]  # no lasting damage: light load is served
         assert [o.status for o in after] == [200] * 20
+    finally:
+        pool.close()
+
+
+STALL_S = 2.5  # longer than the deadline
+
+
+async def test_a_server_stopped_longer_than_the_deadline_serves_again_once_it_runs(server):
+    """The server process is stopped for 2.5 s (SIGSTOP: what a CPU-throttled or frozen pod goes through)
+    under light load, longer than the 1.5 s deadline. What was in flight is answered 504 or late (a request
+    that reached the socket during the stall gets its deadline from when the server reads it); once it runs,
+    the server serves: a second after it resumes, every request is answered 200 in time.
+
+    Before the fix every request after the stall was a 504 for good ("deadline would expire before the
+    batch finished (989 ms left, the batch takes about 1526 ms)"): the dispatch check's hand-back margin had
+    taken the stalled batch's 1.5 s, faded only as batches were answered, and let no batch run."""
+    pool = Pool(server.port)
+    try:
+        await closed_rate(pool, 4, 1.0)  # warm
+        load = asyncio.ensure_future(open_loop(pool, 40.0, 4.0, 400))
+        await asyncio.sleep(1.0)
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(STALL_S)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        during = classify(await load)
+        await asyncio.sleep(1.0)
+        after = classify([await pool.call(request(i)) for i in range(40)])
+        print(f"\naround the stall: {dict(during)}; a second after it: {dict(after)}")
+        assert set(during) <= {"200 in time", "200 late", "429", "503", "504"}, during
+        assert during["504"] + during["200 late"] > 0, during  # the stall did hit requests in flight
+        assert after == {"200 in time": 40}, after
     finally:
         pool.close()

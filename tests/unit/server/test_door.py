@@ -4,6 +4,7 @@ and no work on a request whose answer would come after its deadline -- played wi
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from typing import Any
 
@@ -12,7 +13,7 @@ import orjson
 import pytest
 from conftest import fixed_cost
 from modelserver.app import ModelServerApp
-from modelserver.batching import DeadlineExpired
+from modelserver.batching import OVERRUN_HALF_LIFE_S, Batch, DeadlineExpired
 from modelserver.config import load_settings
 from modelserver.door import drain_body
 from modelserver.loader import create_model
@@ -155,8 +156,8 @@ async def test_a_batch_that_handed_back_late_makes_the_next_dispatch_check_stric
     make_queue, make_item, clock
 ):
     """The dispatch check adds how much later than predicted recent batches handed their answers back (a
-    maximum that decays by 10 % a batch): an item that fits the cost model's time alone, but not that time
-    plus the overrun just seen, is failed 504, not run late."""
+    maximum that halves every ``OVERRUN_HALF_LIFE_S``): an item that fits the cost model's time alone, but
+    not that time plus the overrun just seen, is failed 504, not run late."""
     q = make_queue(cost=fixed_cost(c0=0.05, c2=0.0), max_queue_delay_s=0.0)
     first = make_item(length=8, timeout=5.0)
     q.submit([first])
@@ -171,8 +172,51 @@ async def test_a_batch_that_handed_back_late_makes_the_next_dispatch_check_stric
     assert batch is not None and not isinstance(batch, float) and batch.items == [loose]
     assert tight.future is not None and isinstance(tight.future.exception(), DeadlineExpired)
     clock.advance(0.05)
-    q.record_answered(batch, 0.05)  # on time: the margin decays, it does not drop to 0
-    assert q.overrun_s == pytest.approx(0.018)
+    q.record_answered(batch, 0.05)  # on time: the margin fades with time, it does not drop to 0
+    assert q.overrun_s == pytest.approx(0.02 * 0.5 ** (0.05 / OVERRUN_HALF_LIFE_S))
+
+
+async def test_a_stall_longer_than_the_deadline_does_not_leave_every_later_request_failed(
+    make_queue, make_item, clock
+):
+    """One batch handed back 1.5 s late (the process was stopped: a throttled or frozen pod) raises the
+    margin past a 1 s deadline, so the next batches are failed at dispatch and none is answered. The margin
+    fades with time all the same: a request that comes a second later is served. (It faded only as batches
+    were answered before, and no batch was: every later request was a 504, for good.)"""
+    q = make_queue(cost=fixed_cost(c0=0.01, c2=0.0), max_queue_delay_s=0.0)
+    stalled = make_item(length=8, timeout=5.0)
+    q.submit([stalled])
+    batch = q.try_form()
+    assert isinstance(batch, Batch)
+    clock.advance(1.51)
+    q.record_answered(batch, 0.01)
+    assert q.overrun_s == pytest.approx(1.5)
+    right_after = make_item(length=8, timeout=1.0)
+    q.submit([right_after])
+    assert q.try_form() is None  # failed at dispatch: the margin says it would be late
+    assert isinstance(right_after.future.exception(), DeadlineExpired)
+    clock.advance(1.0)
+    later = make_item(length=8, timeout=1.0)
+    q.submit([later])
+    batch = q.try_form()
+    assert isinstance(batch, Batch) and batch.items == [later]
+    assert q.overrun_s < 0.1
+
+
+async def test_what_start_up_built_is_out_of_the_collectors_view_once_the_model_is_ready() -> None:
+    """A full collection scans every tracked object: with torch and MiniLM loaded, 410,000 of them and
+    180 ms in which neither the event loop nor the inference thread runs (measured); frozen once the model
+    is ready, it scans what requests create. (Without the freeze the in-process overload test below, then
+    with a 150 ms deadline, failed about one run in two on a quiet machine: a full collection of the test
+    process held the first batch past the deadline.)"""
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    _, svc = await make_app()
+    try:
+        assert svc.ready
+        assert gc.get_freeze_count() > 1000
+    finally:
+        await svc.drain()
 
 
 #: how late a hand-back may be against the deadline its batch was predicted to meet (see below)
@@ -180,16 +224,18 @@ PREDICTION_SLACK_S = 0.005
 
 
 async def test_overload_played_in_process_every_answer_in_time_the_rest_refused_and_never_run() -> None:
-    """120 requests at once at a server that runs 4 items per 30 ms batch, admits 16 and gives each 150 ms:
+    """120 requests at once at a server that runs 4 items per 30 ms batch, admits 16 and gives each 300 ms:
     the door refuses most at once, the queue refuses or expires what
     cannot be served in time, and every request answered 200 had its answer handed back by the batch worker
-    by its deadline (the server's own clock: arrival + 150 ms); every other answer is 503, 429 or 504 with
+    by its deadline (the server's own clock: arrival + 300 ms); every other answer is 503, 429 or 504 with
     Retry-After and a JSON error, and the model ran exactly the items answered 200.
 
     "By its deadline" is within ``PREDICTION_SLACK_S``: the check that drops an item is a prediction made
     when its batch is formed (the cost model plus the hand-back overrun recent batches showed), and on a
     loaded two-core machine a batch can hand back a few ms later than any batch before it. The check's
-    arithmetic is played exactly, on a manual clock, by the tests above and below."""
+    arithmetic is played exactly, on a manual clock, by the tests above and below. (300 ms, not the 150 it
+    was: beside a Go build on the two cores, the 120 requests' own HTTP work in this process took longer than
+    150 ms and no batch could be served in time.)"""
     app, svc = await make_app(
         "--model-uri", "noop://?delay_ms=30", "--max-batch-size", "4", "--max-concurrent-requests", "16"
     )
@@ -197,14 +243,14 @@ async def test_overload_played_in_process_every_answer_in_time_the_rest_refused_
     client = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=app), base_url="http://t", timeout=httpx.Timeout(30.0)
     )
-    deadlines: dict[str, float] = {}  # request id -> its arrival + 150 ms
+    deadlines: dict[str, float] = {}  # request id -> its arrival + 300 ms
     handed_back: dict[str, float] = {}  # request id -> when the worker handed its answer back
     orig_infer, queue = svc.infer, svc.queue
     assert queue is not None
     orig_answered = queue.record_answered
 
     async def infer(*args: Any, **kw: Any) -> Any:
-        deadlines[args[3]] = kw["arrival"] + 0.15
+        deadlines[args[3]] = kw["arrival"] + 0.3
         return await orig_infer(*args, **kw)
 
     def answered(batch: Any, predicted_s: float) -> None:
@@ -217,7 +263,7 @@ async def test_overload_played_in_process_every_answer_in_time_the_rest_refused_
         reqs = [
             client.post(
                 "/v2/models/echo/infer",
-                json=body([f"t{i}"], timeout_ms=150),
+                json=body([f"t{i}"], timeout_ms=300),
                 headers={"x-request-id": f"r{i}"},
             )
             for i in range(120)
@@ -231,7 +277,9 @@ async def test_overload_played_in_process_every_answer_in_time_the_rest_refused_
                 assert int(a.headers["retry-after"]) >= 1
                 assert set(a.json()) == {"error"}
         ok = [a for a in answers if a.status_code == 200]
-        assert codes.get(503, 0) >= 120 - 16 and ok, codes  # the door refused what it could not admit
+        failed = [a.text for a in answers if a.status_code == 504][:3]
+        # the door refused what it could not admit, and some were served
+        assert codes.get(503, 0) >= 120 - 16 and ok, (codes, failed)
         assert sum(ran) == len(ok)  # nothing refused or late was run
         assert sorted(handed_back) == sorted(a.headers["x-request-id"] for a in ok)
         late = {rid: round(t - deadlines[rid], 4) for rid, t in handed_back.items() if t > deadlines[rid]}
