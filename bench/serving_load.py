@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import re
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,16 @@ class LoadResult:
     errors: dict[int, int] = field(default_factory=dict)  # status -> count (0 = connection error)
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
+    #: every non-200 inside the window by status and the server's ``{"error"}`` with numbers as N, so a
+    #: run says which rule refused what (the door, the queue's admission, a deadline in the queue, ...)
+    reasons: dict[str, int] = field(default_factory=dict)
+    #: open loop: (seconds from the window's start to the scheduled arrival, latency s, status) per request
+    timeline: list[tuple[float, float, int]] = field(default_factory=list)
+
+    def fail(self, status: int, body: bytes) -> None:
+        self.errors[status] = self.errors.get(status, 0) + 1
+        key = f"{status} {error_class(body)}"
+        self.reasons[key] = self.reasons.get(key, 0) + 1
 
     @property
     def rps(self) -> float:
@@ -34,6 +45,12 @@ class LoadResult:
 
     def pct(self, q: float) -> float:
         return float(np.percentile(self.latencies, q)) if self.latencies else float("nan")
+
+
+def error_class(body: bytes) -> str:
+    """The server's ``{"error": ...}`` with its numbers replaced by N (the class of a refusal), else ''."""
+    m = re.search(rb'"error"\s*:\s*"((?:[^"\\]|\\.)*)"', body)
+    return re.sub(r"\d+(\.\d+)?", "N", m.group(1).decode(errors="replace"))[:100] if m else ""
 
 
 def build_request(host: str, path: str, body: bytes) -> bytes:
@@ -54,6 +71,10 @@ class Conn:
         return cls(r, w)
 
     async def roundtrip(self, raw: bytes) -> int:
+        return (await self.exchange(raw))[0]
+
+    async def exchange(self, raw: bytes) -> tuple[int, bytes]:
+        """Send one request, read its answer: (status, body)."""
         self.writer.write(raw)
         head = await self.reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
@@ -62,9 +83,8 @@ class Conn:
             if line[:15].lower() == b"content-length:":
                 length = int(line[15:])
                 break
-        if length:
-            await self.reader.readexactly(length)
-        return status
+        body = await self.reader.readexactly(length) if length else b""
+        return status, body
 
     def close(self) -> None:
         self.writer.close()
@@ -95,9 +115,9 @@ async def closed_loop(
                 if t0 >= t_end:
                     return
                 try:
-                    status = await conn.roundtrip(raw)
+                    status, body = await conn.exchange(raw)
                 except (OSError, asyncio.IncompleteReadError):
-                    res.errors[0] = res.errors.get(0, 0) + 1
+                    res.fail(0, b"")
                     conn.close()
                     conn = await Conn.open(host, port)
                     continue
@@ -110,7 +130,7 @@ async def closed_loop(
                     if t0 >= t_measure:  # latency: requests sent inside the window
                         res.latencies.append(t1 - t0)
                 else:
-                    res.errors[status] = res.errors.get(status, 0) + 1
+                    res.fail(status, body)
         finally:
             conn.close()
 
@@ -150,20 +170,21 @@ async def open_loop(
             n_conns += 1
             conn = await Conn.open(host, port)
         try:
-            status = await conn.roundtrip(raw)
+            status, body = await conn.exchange(raw)
         except (OSError, asyncio.IncompleteReadError):
-            res.errors[0] = res.errors.get(0, 0) + 1
+            res.fail(0, b"")
             conn.close()
             return
         done = loop.time()
         idle.append(conn)
         if t_measure <= scheduled < t_end:
+            res.timeline.append((scheduled - t_measure, done - scheduled, status))
             if status == 200:
                 res.completed += 1
                 res.items += n
                 res.latencies.append(done - scheduled)
             else:
-                res.errors[status] = res.errors.get(status, 0) + 1
+                res.fail(status, body)
 
     t = t0
     while True:
@@ -174,7 +195,7 @@ async def open_loop(
         if delay > 0:
             await asyncio.sleep(delay)
         if len(tasks) >= max_conns:
-            res.errors[-1] = res.errors.get(-1, 0) + 1  # generator saturated: count as dropped
+            res.fail(-1, b"")  # generator saturated: count as dropped
             continue
         raw, n = next(feed)
         task = asyncio.ensure_future(one(raw, n, t))
