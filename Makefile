@@ -124,9 +124,10 @@ cluster-down: venv
 demo: deps
 	$(PY) -m localcluster demo
 
-# mosec, the peer of bench.serving_mosec, is installed here, for the bench only
+# mosec and TorchServe (bench.serving_torchserve; it needs Java 17+), the peers of bench.serving_mosec, are
+# installed here, for the bench only
 bench-serving: venv
-	$(PY) -m pip install --quiet "mosec==0.9.8"
+	$(PY) -m pip install --quiet "mosec==0.9.8" "torchserve==0.12.0" "torch-model-archiver==0.12.0"
 	$(PY) -m bench.serving
 	$(PY) -m bench.serving_cpu
 	$(PY) -m bench.serving_shadow

