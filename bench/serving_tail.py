@@ -1,5 +1,5 @@
-"""Issue 26's tail goals, modelserver next to mosec 0.9.8 and TorchServe 0.12.0 (short texts, MiniLM, max batch 16, 10 ms, torch
-2 threads), bounded in time (about 3 minutes):
+"""Issue 26's tail goals, modelserver next to mosec 0.9.8 and TorchServe 0.12.0 (short texts, MiniLM, max
+batch 16, 10 ms, torch 2 threads), bounded in time (about 4 minutes):
 
 (a) burst recovery: Poisson arrivals at ``rate`` for 40 s on a fresh server, then 15 s of saturation (64
     closed-loop clients), then the same Poisson arrivals for 40 s; p50/p99 after / fresh (target <= 1.2x).
