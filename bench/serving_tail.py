@@ -103,7 +103,8 @@ def main(rate: float) -> int:
     }
     (RESULTS / "serving_tail.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [
-        "# Tail goals (issue 26): burst recovery, and p99 vs mosec 0.9.8 and TorchServe 0.12.0 at the same rate",
+        "# Tail goals (issue 26): burst recovery, and p99 vs mosec 0.9.8 and TorchServe 0.12.0 "
+        "at the same rate",
         "",
         f"Commit {doc['commit']}, started {doc['started']}, load average before {doc['load_before']}, after "
         f"{doc['load_after']}. Short texts, MiniLM, max batch 16, 10 ms, torch 2 threads; Poisson "
