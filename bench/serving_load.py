@@ -11,6 +11,7 @@ import itertools
 import random
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -21,19 +22,30 @@ import numpy as np
 class LoadResult:
     completed: int = 0  # requests finished with 200 inside the measurement window
     items: int = 0  # items (texts) in those requests
-    errors: dict[int, int] = field(default_factory=dict)  # status -> count (0 = connection error)
     seconds: float = 0.0
     latencies: list[float] = field(default_factory=list)
-    #: every non-200 inside the window by status and the server's ``{"error"}`` with numbers as N, so a
-    #: run says which rule refused what (the door, the queue's admission, a deadline in the queue, ...)
-    reasons: dict[str, int] = field(default_factory=dict)
+    #: every non-200 inside the window: (status, the server's ``{"error"}`` with numbers as N) -> count, so a
+    #: run says which rule refused what (the door, the queue's admission, a deadline in the queue, ...);
+    #: status 0 is a connection error, -1 a request the generator dropped
+    failures: Counter[tuple[int, str]] = field(default_factory=Counter)
     #: open loop: (seconds from the window's start to the scheduled arrival, latency s, status) per request
     timeline: list[tuple[float, float, int]] = field(default_factory=list)
 
     def fail(self, status: int, body: bytes) -> None:
-        self.errors[status] = self.errors.get(status, 0) + 1
-        key = f"{status} {error_class(body)}"
-        self.reasons[key] = self.reasons.get(key, 0) + 1
+        self.failures[status, error_class(body)] += 1
+
+    @property
+    def errors(self) -> dict[int, int]:
+        """the failures' count by status"""
+        out: Counter[int] = Counter()
+        for (status, _), n in self.failures.items():
+            out[status] += n
+        return dict(out)
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        """ "status error class" -> count of the failures"""
+        return {f"{st} {cls}".rstrip(): n for (st, cls), n in self.failures.items()}
 
     @property
     def rps(self) -> float:
