@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 from localcluster import genmodel
 from localcluster.kubeapi import service_url
-from localcluster.testing import Kube, wait_for
+from localcluster.testing import Kube, WaitTimeout, wait_for
 
 from .canary_support import gateway_routing, md_status
 from .gen_support import Stream, StreamLoad, stream_once
@@ -106,7 +106,10 @@ def outcome_of(kube: Kube, ns: str, revision: str, outcome: str, timeout: float)
                 return {**h, "status": st}
         return None
 
-    return wait_for(seen, timeout=timeout, interval=0.5, what=f"revision {revision} {outcome}")
+    try:
+        return wait_for(seen, timeout=timeout, interval=0.5, what=f"revision {revision} {outcome}")
+    except WaitTimeout as e:  # say where the rollout stood (CI saw a same-weights promotion time out)
+        raise WaitTimeout(f"{e}; status then: {md_status(kube, ns, NAME)}") from e
 
 
 def failures(streams: list[Stream]) -> list[tuple[str, int, str | None, str | None]]:
