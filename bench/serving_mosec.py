@@ -40,6 +40,7 @@ from bench.serving import (
     make_workloads,
     minilm_dir,
     modelserver_args,
+    peer_packing,
 )
 from bench.serving_load import LoadResult, build_request, closed_loop, open_loop
 
@@ -56,6 +57,10 @@ CLIENTS = 16
 SECONDS = 15.0
 OVERLOADS = (1.5, 2.0)
 PEERS = ("mosec", "torchserve")
+PEER_FORWARD = {
+    "off": "the padded forward (every text padded to the batch's longest), as their users write it.",
+    "auto": "the same packed forward (BENCH_PEER_PACKING=auto).",
+}
 
 
 class Embed(Worker):  # type: ignore[misc,valid-type]
@@ -69,7 +74,7 @@ class Embed(Worker):  # type: ignore[misc,valid-type]
 
         torch.set_num_threads(THREADS)
         self.np = np
-        self.model = HFModel(minilm_dir())
+        self.model = HFModel(minilm_dir(), packing=peer_packing())
         self.model.load()
 
     def forward(self, data: list[Any]) -> list[Any]:
@@ -239,6 +244,8 @@ def main() -> int:
             "max_batch": MAX_BATCH,
             "wait_ms": WAIT_MS,
             "deadline_ms": DEADLINE_MS,
+            "modelserver_packing": "auto",
+            "peer_packing": peer_packing(),
         },
     }
     log_dir = Path(tempfile.mkdtemp(prefix="bench-serving-mosec-"))  # the servers' logs
@@ -260,8 +267,9 @@ def main() -> int:
         doc["torchserve"] = measure(port, pid, requests_for_torchserve(texts), rates, False)
     doc["load_after"] = [round(x, 2) for x in os.getloadavg()]
     doc["ratios"] = ratios(doc)
-    (RESULTS / "serving_mosec.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (RESULTS / "serving_mosec.md").write_text(markdown(doc))
+    name = "serving_mosec" if peer_packing() == "off" else "serving_mosec_peers_packed"
+    (RESULTS / f"{name}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown(doc))
     log(json.dumps(doc["ratios"]))
     return 0
 
@@ -308,6 +316,9 @@ def markdown(doc: dict[str, Any]) -> str:
             )
     lines += ["", "Ratios: " + ", ".join(f"{k} {v}" for k, v in doc["ratios"].items()), ""]
     lines += [
+        "modelserver packs its batches (`--packing auto`, modelserver.packing); the peers' workers run "
+        + PEER_FORWARD[doc["settings"].get("peer_packing", "off")],
+        "",
         "TorchServe: 1 worker, batchSize 16, maxBatchDelay 10 ms, responseTimeout 1 s (a batch's time in "
         "the worker; TorchServe has no per-request deadline that answers), job queue 100 (its default); "
         "the settings are in bench/serving_torchserve.py.",

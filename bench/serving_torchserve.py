@@ -39,7 +39,7 @@ import httpx
 import orjson
 import psutil
 
-from bench.serving import HOST, ROOT, free_port, minilm_dir
+from bench.serving import HOST, ROOT, free_port, minilm_dir, peer_packing
 from bench.serving_load import build_request
 from bench.serving_mosec import DEADLINE_MS, MAX_BATCH, THREADS, WAIT_MS
 
@@ -59,7 +59,7 @@ def handle(data: list[dict[str, Any]] | None, context: Any) -> list[bytes] | Non
         from modelserver.models.hf import HFModel
 
         torch.set_num_threads(THREADS)
-        model = HFModel(minilm_dir())
+        model = HFModel(minilm_dir(), packing=peer_packing())
         model.load()
         _STATE["model"] = model
         return None

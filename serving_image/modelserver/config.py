@@ -129,6 +129,12 @@ class Settings(BaseSettings):
         0, ge=0, description="maximum tokens per text input (0 = the model's limit)"
     )
     truncate: bool = Field(False, description="truncate over-long texts instead of rejecting them (413)")
+    packing: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="embedding models: run batches packed (several inputs per row, no padding between them;"
+        " modelserver.packing) -- auto = on the CPU when the packed forward matches the padded one at load,"
+        " on = on any device (a model that does not match is a load error), off = padded",
+    )
     buckets: Buckets = Field(None, description="length bucket upper bounds, comma list, or 'auto'")
     token_budget: int = Field(
         8192, ge=1, description="maximum padded tokens (batch size x padded length) per batch"

@@ -263,7 +263,15 @@ def create_model(settings: Settings) -> ServedModel:
     if fmt == "hf":
         from .models.hf import HFModel
 
-        return HFModel(path, settings.task, device, dtype, settings.max_sequence_length, settings.truncate)
+        return HFModel(
+            path,
+            settings.task,
+            device,
+            dtype,
+            settings.max_sequence_length,
+            settings.truncate,
+            settings.packing,
+        )
     if fmt in ("torchscript", "export"):
         from .models.tensor import TensorModel
 

@@ -15,6 +15,7 @@ remote code runs and nothing is downloaded (local files only).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,7 +26,10 @@ import numpy as np
 from ..batching import InputTooLong
 from ..errors import ModelLoadError
 from .base import ModelInfo, Prepared, ServedModel, TensorSpec, batch_size_of, texts_of
+from .hf_packed import TOLERANCE, largest_difference, packed_embeddings
 from .wordcount import exceeds_words
+
+log = logging.getLogger("modelserver.models")
 
 
 def is_hf_dir(path: Path) -> bool:
@@ -56,8 +60,11 @@ class HFModel(ServedModel):
         dtype: str = "fp32",
         max_length: int = 0,
         truncate: bool = False,
+        packing: str = "auto",
     ) -> None:
         self.path = path
+        self.packing = packing  # auto | on | off (modelserver.packing; decided at load, see _decide_packing)
+        self.packed = False
         self.task = detect_task(path) if task == "auto" else task
         self.device = device
         self.dtype = dtype
@@ -119,6 +126,7 @@ class HFModel(ServedModel):
         self.pad_id = int(getattr(config, "pad_token_id", 0) or 0)
         if self.task == "embedding":
             self._setup_pooling()
+            self.packed = self._decide_packing()
             hidden = int(config.hidden_size)
             outputs = [TensorSpec("embedding", "FP32", [-1, hidden])]
         else:
@@ -135,7 +143,7 @@ class HFModel(ServedModel):
             inputs=[TensorSpec("text", "BYTES", [-1])],
             outputs=outputs,
             max_length=self.max_length,
-            extra={"task": self.task, "max_sequence_length": self.max_length},
+            extra={"task": self.task, "max_sequence_length": self.max_length, "packed": self.packed},
         )
 
     def _setup_pooling(self) -> None:
@@ -161,6 +169,34 @@ class HFModel(ServedModel):
                             self.pooling = "max"
                         elif p.get("pooling_mode_mean_sqrt_len_tokens"):
                             self.pooling = "mean_sqrt_len"
+
+    def _decide_packing(self) -> bool:
+        """Whether batches run packed (:mod:`modelserver.packing`): never with ``off``; with ``auto`` on the
+        CPU only (not measured on a GPU); and only if the packed forward gives the padded forward's
+        embeddings on inputs of different lengths -- with ``on`` a model that does not is a load error."""
+        if self.packing == "off" or (self.packing == "auto" and self.device != "cpu"):
+            return False
+        texts = [
+            "packing",
+            "a check of packed rows",
+            "one two three four five six seven eight nine ten",
+            "ok",
+        ]
+        payloads = [self.tokenizer.encode(t).ids[: self.max_length] for t in texts]
+        try:
+            diff = largest_difference(self._packed_embeddings(payloads), self._padded_embeddings(payloads))
+            reason = (
+                "" if diff <= TOLERANCE[self.dtype] else f"packed embeddings differ from padded by {diff:.2e}"
+            )
+        except Exception as e:  # a forward without position_ids or 4-D masks raises many types
+            reason = f"the model's forward does not run packed: {type(e).__name__}: {e}"
+        if not reason:
+            log.info("sequence packing on for %s", self.path.name)
+            return True
+        if self.packing == "on":
+            raise ModelLoadError(f"packing on, but {reason}")
+        log.info("sequence packing off for %s: %s", self.path.name, reason)
+        return False
 
     # -- serving ----------------------------------------------------------------------------------------
     def preprocess(self, inputs: dict[str, np.ndarray]) -> list[Prepared]:
@@ -213,26 +249,13 @@ class HFModel(ServedModel):
             raise
 
     def _predict(self, payloads: list[Any]) -> Sequence[dict[str, Any]]:
+        if self.task == "embedding":
+            emb = self._packed_embeddings(payloads) if self.packed else self._padded_embeddings(payloads)
+            return [{"embedding": emb[i]} for i in range(len(payloads))]
         torch = self.torch
         feed = self._collate(payloads)
         with torch.inference_mode():
             out = self.model(**feed)
-            if self.task == "embedding":
-                h = out.last_hidden_state
-                mask = feed["attention_mask"].unsqueeze(-1).to(h.dtype)
-                if self.pooling == "cls":
-                    pooled = h[:, 0]
-                elif self.pooling == "max":
-                    pooled = h.masked_fill(mask == 0, -1e9).max(dim=1).values
-                else:
-                    summed = (h * mask).sum(dim=1)
-                    counts = mask.sum(dim=1).clamp(min=1e-9)
-                    pooled = summed / (counts.sqrt() if self.pooling == "mean_sqrt_len" else counts)
-                pooled = pooled.float()
-                if self.normalize:
-                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-                emb = pooled.cpu().numpy()
-                return [{"embedding": emb[i]} for i in range(len(payloads))]
             logits = out.logits.float()
             probs = torch.softmax(logits, dim=-1).cpu().numpy()
             lg = logits.cpu().numpy()
@@ -241,6 +264,39 @@ class HFModel(ServedModel):
                 {"logits": lg[i], "probabilities": probs[i], "label": self.labels[int(best[i])]}
                 for i in range(len(payloads))
             ]
+
+    def _padded_embeddings(self, payloads: Sequence[Sequence[int]]) -> np.ndarray:
+        """Embeddings of a padded batch: every input padded to the longest, pooled over its own tokens."""
+        torch = self.torch
+        feed = self._collate(list(payloads))
+        with torch.inference_mode():
+            h = self.model(**feed).last_hidden_state
+            mask = feed["attention_mask"].unsqueeze(-1).to(h.dtype)
+            if self.pooling == "cls":
+                pooled = h[:, 0]
+            elif self.pooling == "max":
+                pooled = h.masked_fill(mask == 0, -1e9).max(dim=1).values
+            else:
+                summed = (h * mask).sum(dim=1)
+                counts = mask.sum(dim=1).clamp(min=1e-9)
+                pooled = summed / (counts.sqrt() if self.pooling == "mean_sqrt_len" else counts)
+            pooled = pooled.float()
+            if self.normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            return np.asarray(pooled.cpu().numpy())
+
+    def _packed_embeddings(self, payloads: Sequence[Sequence[int]]) -> np.ndarray:
+        """Embeddings of a packed batch (:mod:`modelserver.packing`): the same pooling, fewer positions."""
+        return packed_embeddings(
+            self.torch,
+            self.model,
+            payloads,
+            pad_id=self.pad_id,
+            device=self.device,
+            pooling=self.pooling,
+            normalize=self.normalize,
+            token_types=self._takes_token_types,
+        )
 
     def warmup_payloads(self, length: int, n: int) -> list[Any]:
         length = max(2, min(length, self.max_length))
