@@ -107,14 +107,14 @@ class StratifiedCostModel(CostModel):
 
     def __init__(self, window: int = 512, refit_every: int = 8) -> None:
         super().__init__(window, refit_every)
-        self._cells: dict[tuple[int, int], deque[tuple[int, int, float]]] = {}
+        self._cells: dict[tuple[int, int], deque[tuple[int, int, float, int]]] = {}
         self._cell_size = max(8, window // 16)
 
-    def _keep(self, ob: tuple[int, int, float]) -> None:
+    def _keep(self, ob: tuple[int, int, float, int]) -> None:
         cell = (ob[0].bit_length(), ob[1].bit_length())
         self._cells.setdefault(cell, deque(maxlen=self._cell_size)).append(ob)
 
-    def observations(self) -> list[tuple[int, int, float]]:
+    def observations(self) -> list[tuple[int, int, float, int]]:
         return [ob for cell in self._cells.values() for ob in cell]
 
 

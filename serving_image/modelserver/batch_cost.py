@@ -15,7 +15,9 @@ import numpy as np
 class CostModel:
     """Online estimate of batch latency ``t(n, L)`` in seconds.
 
-    Features ``[1, n, n*L, n*L^2]``; coefficients are fitted by non-negative least squares on relative error
+    Features ``[1, n, T, T*L]``: ``T`` the positions the batch runs -- ``n*L`` padded, the real tokens when
+    packed (modelserver.packing; ``L`` is then the rows' width) -- so a padded batch's are
+    ``[1, n, n*L, n*L^2]``. Coefficients are fitted by non-negative least squares on relative error
     over the most recent observations, refitted every few observations.
 
     One ring buffer of the last ``window`` observations. After a burst of large batches it holds nothing
@@ -28,7 +30,7 @@ class CostModel:
     FEATURES = 4
 
     def __init__(self, window: int = 512, refit_every: int = 8) -> None:
-        self._obs: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self._obs: deque[tuple[int, int, float, int]] = deque(maxlen=window)
         self._count = 0
         self._refit_every = refit_every
         self._since_fit = 0
@@ -37,25 +39,29 @@ class CostModel:
         self.fitted = False
         self._lock = threading.Lock()
 
-    def predict(self, n: int, length: int) -> float:
+    def predict(self, n: int, length: int, tokens: int | None = None) -> float:
+        """Seconds for ``n`` items of rows ``length`` wide running ``tokens`` positions (``n * length``:
+        padded)."""
         c = self.coef
-        return float(c[0] + n * (c[1] + length * (c[2] + length * c[3])))
+        t = n * length if tokens is None else tokens
+        return float(c[0] + n * c[1] + t * (c[2] + length * c[3]))
 
-    def observe(self, n: int, length: int, seconds: float) -> None:
+    def observe(self, n: int, length: int, seconds: float, tokens: int | None = None) -> None:
         if seconds <= 0 or n <= 0:
             return
+        length = max(1, length)
         with self._lock:
-            self._keep((n, max(1, length), seconds))
+            self._keep((n, length, seconds, n * length if tokens is None else max(1, tokens)))
             self._count += 1
             self._since_fit += 1
             if self._since_fit >= (1 if self._count < 32 else self._refit_every):
                 self._fit()
 
-    def _keep(self, ob: tuple[int, int, float]) -> None:
+    def _keep(self, ob: tuple[int, int, float, int]) -> None:
         self._obs.append(ob)
 
-    def observations(self) -> list[tuple[int, int, float]]:
-        """The (n, padded length, seconds) observations the fit uses."""
+    def observations(self) -> list[tuple[int, int, float, int]]:
+        """The (n, padded length or row width, seconds, positions) observations the fit uses."""
         return list(self._obs)
 
     def _fit(self) -> None:
@@ -63,8 +69,8 @@ class CostModel:
         obs = np.array(self.observations(), dtype=np.float64)
         if len(obs) < 2:
             return
-        n, length, y = obs[:, 0], obs[:, 1], obs[:, 2]
-        x = np.stack([np.ones_like(n), n, n * length, n * length * length], axis=1)
+        n, length, y, tokens = obs[:, 0], obs[:, 1], obs[:, 2], obs[:, 3]
+        x = np.stack([np.ones_like(n), n, tokens, tokens * length], axis=1)
         w = 1.0 / y  # relative error
         xw, yw = x * w[:, None], y * w
         active = list(range(self.FEATURES))

@@ -105,7 +105,7 @@ class BatchWorker:
                 continue
             if len(live) != len(batch.items):
                 batch = Batch(live, max(i.length for i in live), batch.formed_at)
-            predicted = q.in_flight_s = q.cost.predict(batch.size, batch.padded_length)
+            predicted = q.in_flight_s = q.batch_cost(batch)
             try:
                 results, seconds, stats = await loop.run_in_executor(self.executor, self._run_sync, batch)
             except Exception as exc:  # the split runner does not raise; this is a bug guard

@@ -63,6 +63,7 @@ from .batching_errors import (
     QueueFull,
     is_oom,
 )
+from .packing import positions
 
 log = logging.getLogger("modelserver.batching")
 
@@ -137,6 +138,9 @@ class BatchingConfig:
     aging_s: float = 0.1
     cross_bucket_gain: float = 0.10  # a batch crossing a bucket bound costs this much more
     urgent_factor: float = 2.0  # an item is at risk when slack < factor * recent batch time
+    #: the model runs batches packed (modelserver.packing) in rows at least this wide: a batch costs its real
+    #: tokens, not n x its longest (0: padded)
+    pack_min_width: int = 0
 
 
 class BatchObserver(Protocol):
@@ -221,7 +225,32 @@ class BatchQueue:
     # -- admission --------------------------------------------------------------------------------------
     def _item_cost(self, length: int) -> float:
         n = max(1, min(self.cfg.max_batch_size, self.budget // max(1, length)))
-        return self.cost.per_item(length, n)
+        return self.cost_of(n, length, n * length) / n
+
+    def cost_of(self, n: int, longest: int, tokens: int) -> float:
+        """The cost model's time of a batch of ``n`` items, the longest ``longest`` tokens, running ``tokens``
+        positions: padded ``n x longest``; packed its rows (at least ``pack_min_width`` wide) x the fullest
+        row's length."""
+        if self.cfg.pack_min_width:
+            return self.cost.predict(n, max(longest, self.cfg.pack_min_width), tokens)
+        return self.cost.predict(n, longest)
+
+    def batch_cost(self, batch: Batch) -> float:
+        return self.cost_of(batch.size, batch.padded_length, self._positions(batch.items))
+
+    def _positions(self, items: Sequence[WorkItem]) -> int:
+        """The positions a batch of ``items`` runs: packed (modelserver.packing) or padded to the longest."""
+        lengths = [max(1, it.length) for it in items]
+        if self.cfg.pack_min_width:
+            return positions(lengths, self.cfg.pack_min_width)
+        return len(lengths) * max(lengths)
+
+    def observe_cost(self, n: int, longest: int, tokens: int, seconds: float) -> None:
+        """Feed a batch's measured time to the cost model (in the terms of :meth:`cost_of`)."""
+        if self.cfg.pack_min_width:
+            self.cost.observe(n, max(longest, self.cfg.pack_min_width), seconds, tokens)
+        else:
+            self.cost.observe(n, longest, seconds)
 
     def submit(self, items: Sequence[WorkItem]) -> None:
         """Admit all of ``items`` or none (raises a :class:`BatchingError`)."""
@@ -340,12 +369,21 @@ class BatchQueue:
         bucket = np.searchsorted(np.asarray(self.buckets.bounds), lens)
         width = min(bmax, m)
         k = np.arange(1, width + 1)
-        # t[j, k-1]: estimated time of the batch cands[j-k+1 : j+1] (k items padded to lens[j]), weighted by
-        # the cross-bucket factor for planning; inf where it does not exist or does not fit.
+        # t[j, k-1]: estimated time of the batch cands[j-k+1 : j+1] (k items padded to lens[j], or packed),
+        # weighted by the cross-bucket factor for planning; inf where it does not exist or does not fit.
         end = np.arange(m)[:, None]
         start = end - k + 1
         fits = (start >= 0) & (k <= cap[:, None])
-        t = c0 + k * per[:, None]
+        if self.cfg.pack_min_width:
+            # packed: rows as wide as the longest; an input over half a row wide has a row to itself
+            row = np.maximum(lens, self.cfg.pack_min_width)  # a batch ending at j: rows row[j] wide
+            cum = np.concatenate(([0.0], np.cumsum(lens)))
+            tokens = cum[end + 1] - cum[np.maximum(start, 0)]
+            halves = end - np.maximum(start, np.searchsorted(lens, row / 2, side="right")[:, None]) + 1
+            rows = np.maximum(np.ceil(tokens / row[:, None]), halves)
+            t = c0 + k * c1 + rows * row[:, None] * (c2 + row * c3)[:, None]
+        else:
+            t = c0 + k * per[:, None]
         plan_t = t * np.where(
             bucket[np.maximum(start, 0)] != bucket[:, None], 1.0 + self.cfg.cross_bucket_gain, 1.0
         )
@@ -412,7 +450,8 @@ class BatchQueue:
         """The items of a batch about to run that it would finish before their deadline (by the cost model);
         the others fail now with :class:`DeadlineExpired` (504 + ``Retry-After``), not run: an answer after
         the deadline is worth nothing to the caller and costs the requests behind it."""
-        end = now + self.cost.predict(len(items), max(it.length for it in items)) + self.overrun_s
+        cost = self.cost_of(len(items), max(it.length for it in items), self._positions(items))
+        end = now + cost + self.overrun_s
         if all(it.deadline >= end for it in items):
             return items
         keep = []
@@ -474,11 +513,11 @@ class BatchQueue:
         # left from the ramp-up made every batch the whole queue padded to its longest (short texts: 0.82x
         # the throughput of adaptive-v1, which ignores it; issue 26).
         if batch.size <= 2:
-            excess = seconds - self.cost.predict(batch.size, batch.padded_length)
+            excess = seconds - self.batch_cost(batch)
             self.excess_s += a * (excess - self.excess_s)
         else:
             self.excess_s *= 0.9
-        self.cost.observe(batch.size, batch.padded_length, seconds)
+        self.observe_cost(batch.size, batch.padded_length, self._positions(batch.items), seconds)
         self.recent_batch_s = (
             seconds if self.recent_batch_s == 0 else (1 - a) * self.recent_batch_s + a * seconds
         )

@@ -70,6 +70,12 @@ def assign_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
     return rows
 
 
+def positions(lengths: Sequence[int], min_width: int = PACK_MIN_WIDTH) -> int:
+    """The positions a packed batch of ``lengths`` runs: its rows x the fullest row's length."""
+    rows = assign_rows(lengths, row_width(lengths, min_width))
+    return len(rows) * max(sum(lengths[i] for i in row) for row in rows)
+
+
 def pack(payloads: Sequence[Sequence[int]], pad_id: int, min_width: int = PACK_MIN_WIDTH) -> PackedBatch:
     """The batch of token-id lists ``payloads`` packed into rows (see the module's docstring)."""
     lengths = [len(p) for p in payloads]

@@ -19,6 +19,7 @@ from .config import Settings
 from .errors import InvalidInput, NotReady, PayloadTooLarge
 from .metrics import Metrics
 from .models.base import ServedModel
+from .packing import PACK_MIN_WIDTH
 
 log = logging.getLogger("modelserver.service")
 
@@ -115,6 +116,7 @@ class ModelService:
                 buckets=s.buckets,
                 scheduler=s.scheduler,
                 aging_s=s.aging_ms / 1000.0,
+                pack_min_width=PACK_MIN_WIDTH if self.model.info.extra.get("packed") else 0,
             )
             self.queue = BatchQueue(cfg, observer=self.metrics)
             if s.warmup:
@@ -155,7 +157,7 @@ class ModelService:
                 run_with_split(self.model.predict, payloads, stats)
                 dt = time.perf_counter() - t0
                 if stats.splits == 0:
-                    q.cost.observe(n, length, dt)
+                    q.observe_cost(n, length, n * length, dt)
                 elif stats.ooms:
                     q.lower_budget_after_oom(_fake_batch(n, length))
         log.info("warm-up done", extra={"cost_coef": [float(c) for c in q.cost.coef]})

@@ -131,6 +131,29 @@ async def test_cross_bucket_window_used_when_the_cost_model_says_so(make_queue, 
     assert b.size == 3 and b.padded_length == 20
 
 
+async def test_a_packed_model_runs_inputs_together_that_padded_would_run_apart(make_queue, make_item):
+    # 100, 50 and 50 tokens. Padded together: 300 positions (0.35 s) > apart, [50, 50] and [100]: two fixed
+    # costs and 200 positions (0.30 s). Packed, the two 50s share a row beside the 100's: 200 positions in
+    # one batch (0.25 s), one fixed cost less than apart.
+    cost = fixed_cost(c0=0.05, c2=1e-3)
+    for width, sizes in ((0, [1, 2]), (32, [3])):
+        q = make_queue(cost=cost, max_batch_size=8, buckets=[512], pack_min_width=width)
+        q.submit([make_item(100), make_item(50), make_item(50)])
+        q.close()
+        got = [(await get_batch(q)).size for _ in sizes]
+        assert sorted(got) == sizes, f"pack_min_width={width}"
+
+
+async def test_a_packed_batch_is_costed_by_its_rows_at_least_the_floor_wide(make_queue, make_item):
+    q = make_queue(cost=fixed_cost(c0=0.0, c1=0.0, c2=1.0, c3=0.5), pack_min_width=32)
+    # 50 positions in rows 32 wide: 50 x (1 + 0.5 x 32)
+    assert q.cost_of(4, 20, 50) == pytest.approx(50 * 17)
+    # three inputs of 10 tokens and one of 20, packed: rows [20, 10], [10, 10] -> 2 rows x 30 positions
+    assert q.batch_cost(Batch([make_item(20), *(make_item(10) for _ in range(3))], 20, 0.0)) == 60 * 17
+    padded = make_queue(cost=fixed_cost(c0=0.0, c1=0.0, c2=1.0, c3=0.5))
+    assert padded.cost_of(4, 20, 50) == pytest.approx(80 * (1 + 0.5 * 20))  # 4 x 20 positions, 20 wide
+
+
 def test_buckets_from_length_quantiles():
     rng = np.random.default_rng(0)
     lengths = rng.integers(5, 300, size=2000).tolist()
@@ -395,3 +418,18 @@ def test_cost_model_learns_latency():
         want = float(true @ np.array([1, n, n * length, n * length * length]))
         assert abs(cm.predict(n, length) - want) / want < 0.1
     assert (cm.coef >= 0).all()
+
+
+def test_cost_model_learns_packed_batches_by_their_positions():
+    # packed batches: the time follows the real tokens T and the rows' width W, not n x the longest
+    cm = CostModel()
+    rng = np.random.default_rng(2)
+    true = np.array([2e-3, 1e-4, 3e-6, 1e-9])
+    for _ in range(200):
+        n, width = int(rng.integers(1, 33)), int(rng.integers(32, 513))
+        tokens = int(n * width * rng.uniform(0.3, 1.0))
+        t = float(true @ np.array([1, n, tokens, tokens * width])) * float(rng.uniform(0.97, 1.03))
+        cm.observe(n, width, t, tokens)
+    for n, width, tokens in [(1, 32, 16), (8, 128, 500), (32, 512, 4000)]:
+        want = float(true @ np.array([1, n, tokens, tokens * width]))
+        assert abs(cm.predict(n, width, tokens) - want) / want < 0.1

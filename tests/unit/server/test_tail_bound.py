@@ -259,8 +259,8 @@ def test_the_cost_model_keeps_small_batches_after_a_burst_of_large_ones():
         for cm in models.values():
             cm.observe(n, length, true_cost(n, length) * float(rng.lognormal(0, 0.15)))
     strat, ring = models["stratified"], models["ring"]
-    assert any(n == 1 for n, _, _ in strat.observations())
-    assert not any(n == 1 for n, _, _ in ring.observations())
+    assert any(ob[0] == 1 for ob in strat.observations())
+    assert not any(ob[0] == 1 for ob in ring.observations())
     for length in (16, 128, 512):
         assert strat.predict(1, length) == pytest.approx(true_cost(1, length), rel=0.35)
 
