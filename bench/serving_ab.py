@@ -1,6 +1,6 @@
 """Two commits of the server side by side: the same closed loop against each, alternating, on the same
 machine in one run (``python -m bench.serving_ab BASE NEW [--workload short|long] [--clients 16]
-[--seconds 12] [--rounds 2] [-- server args...]``). Each commit's ``serving_image`` is checked out into a
+[--seconds 12] [--rounds 2] [--server-args "..."]``). Each commit's ``serving_image`` is checked out into a
 temporary git worktree and put first on the server's ``PYTHONPATH``; the client, the texts and the model
 are this tree's. Reports items/s, p50/p99 and the server's own mean items per batch (its metrics) per
 round, and the NEW/BASE ratio of the medians. Results: bench/results/serving_ab.{json,md} (appended per
@@ -82,8 +82,9 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=12.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("server_args", nargs="*", help="after --: extra modelserver arguments for both")
+    ap.add_argument("--server-args", default="", help="extra modelserver arguments for both, one string")
     a = ap.parse_args()
+    a.server_args = a.server_args.split()
     texts = make_workloads()[a.workload]
     revs = {"base": rev_name(a.base), "new": rev_name(a.new)}
     doc: dict[str, Any] = {
