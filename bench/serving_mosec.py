@@ -40,7 +40,6 @@ from bench.serving import (
     make_workloads,
     minilm_dir,
     modelserver_args,
-    peer_packing,
 )
 from bench.serving_load import LoadResult, build_request, closed_loop, open_loop
 
@@ -61,6 +60,17 @@ PEER_FORWARD = {
     "off": "the padded forward (every text padded to the batch's longest), as their users write it.",
     "auto": "the same packed forward (BENCH_PEER_PACKING=auto).",
 }
+
+
+def peer_packing() -> str:
+    """How the peers' workers (mosec, TorchServe) run MiniLM: ``off`` (the default) is the padded forward a
+    user of those servers writes (every text padded to the batch's longest); ``BENCH_PEER_PACKING=auto``
+    gives them modelserver's packed forward too (modelserver.packing), to see how much of a lead is
+    packing and how much the server."""
+    value = os.environ.get("BENCH_PEER_PACKING", "off")
+    if value not in ("off", "auto"):
+        raise ValueError(f"BENCH_PEER_PACKING must be off or auto, not {value!r}")
+    return value
 
 
 class Embed(Worker):  # type: ignore[misc,valid-type]

@@ -39,9 +39,9 @@ import httpx
 import orjson
 import psutil
 
-from bench.serving import HOST, ROOT, free_port, minilm_dir, peer_packing
+from bench.serving import HOST, ROOT, free_port, minilm_dir
 from bench.serving_load import build_request
-from bench.serving_mosec import DEADLINE_MS, MAX_BATCH, THREADS, WAIT_MS
+from bench.serving_mosec import DEADLINE_MS, MAX_BATCH, THREADS, WAIT_MS, peer_packing
 
 NAME = "minilm"
 HANDLER = "ts_minilm_handler"
