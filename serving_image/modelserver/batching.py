@@ -236,9 +236,13 @@ class BatchQueue:
         return self.cost.predict(n, longest)
 
     def batch_cost(self, batch: Batch) -> float:
-        return self.cost_of(batch.size, batch.padded_length, self._positions(batch.items))
+        return self.cost_of(batch.size, batch.padded_length, self.positions_of(batch.items))
 
-    def _positions(self, items: Sequence[WorkItem]) -> int:
+    def padding_ratio(self, batch: Batch) -> float:
+        """Positions the batch runs over its real tokens (packed: rows x the fullest row)."""
+        return self.positions_of(batch.items) / max(1, batch.real_tokens)
+
+    def positions_of(self, items: Sequence[WorkItem]) -> int:
         """The positions a batch of ``items`` runs: packed (modelserver.packing) or padded to the longest."""
         lengths = [max(1, it.length) for it in items]
         if self.cfg.pack_min_width:
@@ -450,7 +454,7 @@ class BatchQueue:
         """The items of a batch about to run that it would finish before their deadline (by the cost model);
         the others fail now with :class:`DeadlineExpired` (504 + ``Retry-After``), not run: an answer after
         the deadline is worth nothing to the caller and costs the requests behind it."""
-        cost = self.cost_of(len(items), max(it.length for it in items), self._positions(items))
+        cost = self.cost_of(len(items), max(it.length for it in items), self.positions_of(items))
         end = now + cost + self.overrun_s
         if all(it.deadline >= end for it in items):
             return items
@@ -517,7 +521,7 @@ class BatchQueue:
             self.excess_s += a * (excess - self.excess_s)
         else:
             self.excess_s *= 0.9
-        self.observe_cost(batch.size, batch.padded_length, self._positions(batch.items), seconds)
+        self.observe_cost(batch.size, batch.padded_length, self.positions_of(batch.items), seconds)
         self.recent_batch_s = (
             seconds if self.recent_batch_s == 0 else (1 - a) * self.recent_batch_s + a * seconds
         )

@@ -106,7 +106,7 @@ class Metrics:
         )
         self.padding_ratio = Histogram(
             "modelserver_padding_ratio",
-            "Padded tokens / real tokens per batch",
+            "Positions run / real tokens per batch (padded: size x longest; packed: rows x fullest row)",
             labels,
             buckets=PADDING_BUCKETS,
             registry=r,

@@ -314,7 +314,8 @@ class ModelService:
         m.batch_size.observe(batch.size)
         m.inference_duration.observe(seconds)
         self._cpu_inference.inc(stats.cpu_s)
-        m.padding_ratio.observe(batch.padding_ratio)
+        ratio = self.queue.padding_ratio(batch) if self.queue is not None else batch.padding_ratio
+        m.padding_ratio.observe(ratio)
         for it in batch.items:
             m.queue_wait.observe(max(0.0, batch.formed_at - it.arrival))
         self._batch_count += 1
@@ -326,7 +327,7 @@ class ModelService:
                     "batch": self._batch_count,
                     "size": batch.size,
                     "padded_length": batch.padded_length,
-                    "padding_ratio": round(batch.padding_ratio, 3),
+                    "padding_ratio": round(ratio, 3),
                     "seconds": round(seconds, 5),
                     "splits": stats.splits,
                     "ooms": stats.ooms,

@@ -149,8 +149,12 @@ async def test_a_packed_batch_is_costed_by_its_rows_at_least_the_floor_wide(make
     # 50 positions in rows 32 wide: 50 x (1 + 0.5 x 32)
     assert q.cost_of(4, 20, 50) == pytest.approx(50 * 17)
     # three inputs of 10 tokens and one of 20, packed: rows [20, 10], [10, 10] -> 2 rows x 30 positions
-    assert q.batch_cost(Batch([make_item(20), *(make_item(10) for _ in range(3))], 20, 0.0)) == 60 * 17
+    batch = Batch([make_item(20), *(make_item(10) for _ in range(3))], 20, 0.0)
+    assert q.batch_cost(batch) == 60 * 17
+    # what the padding-ratio metric reports: the positions run over the real tokens
+    assert q.padding_ratio(batch) == pytest.approx(60 / 50)
     padded = make_queue(cost=fixed_cost(c0=0.0, c1=0.0, c2=1.0, c3=0.5))
+    assert padded.padding_ratio(batch) == pytest.approx(80 / 50) == batch.padding_ratio
     assert padded.cost_of(4, 20, 50) == pytest.approx(80 * (1 + 0.5 * 20))  # 4 x 20 positions, 20 wide
 
 
