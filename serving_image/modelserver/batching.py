@@ -138,8 +138,8 @@ class BatchingConfig:
     aging_s: float = 0.1
     cross_bucket_gain: float = 0.10  # a batch crossing a bucket bound costs this much more
     urgent_factor: float = 2.0  # an item is at risk when slack < factor * recent batch time
-    #: the model runs batches packed (modelserver.packing) in rows at least this wide: a batch costs its real
-    #: tokens, not n x its longest (0: padded)
+    #: the model runs batches packed (modelserver.packing) in rows at least this wide: a batch costs the
+    #: positions its rows run, not n x its longest (0: padded)
     pack_min_width: int = 0
 
 
