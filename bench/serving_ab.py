@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import statistics
 import subprocess
 import tempfile
@@ -23,14 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from localcluster.promtext import sample_sum
 
 from bench.serving import HOST, RESULTS, ROOT, Proc, log, make_workloads, modelserver_args
 from bench.serving_load import closed_loop
 from bench.serving_mosec import requests_for
-
-
-def metric_sum(text: str, name: str) -> float:
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
 
 
 @contextlib.contextmanager
@@ -56,10 +52,10 @@ def one_round(src: Path, args: list[str], texts: list[str], clients: int, second
     finally:
         server.stop()
         os.environ.pop("PYTHONPATH", None)
-    batches = metric_sum(after, "modelserver_batch_size_count") - metric_sum(
+    batches = sample_sum(after, "modelserver_batch_size_count") - sample_sum(
         before, "modelserver_batch_size_count"
     )
-    items = metric_sum(after, "modelserver_batch_size_sum") - metric_sum(before, "modelserver_batch_size_sum")
+    items = sample_sum(after, "modelserver_batch_size_sum") - sample_sum(before, "modelserver_batch_size_sum")
     return {
         "items_per_s": round(r.items_per_s, 1),
         "p50_ms": round(r.pct(50) * 1000, 1),

@@ -86,11 +86,6 @@ class CostModel:
             self.coef = coef
             self.fitted = True
 
-    def per_item(self, length: int, batch: int) -> float:
-        """Estimated seconds of worker time per item when batched ``batch``-wide at ``length``."""
-        batch = max(1, batch)
-        return self.predict(batch, length) / batch
-
 
 # ----------------------------------------------------------------------------------------------------------
 # buckets

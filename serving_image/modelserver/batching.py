@@ -244,7 +244,7 @@ class BatchQueue:
 
     def positions_of(self, items: Sequence[WorkItem]) -> int:
         """The positions a batch of ``items`` runs: packed (modelserver.packing) or padded to the longest."""
-        lengths = [max(1, it.length) for it in items]
+        lengths = tuple(max(1, it.length) for it in items)
         if self.cfg.pack_min_width:
             return positions(lengths, self.cfg.pack_min_width)
         return len(lengths) * max(lengths)

@@ -16,6 +16,7 @@ arrays the model is fed. The torch forward and the pooling by segment live in
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -70,8 +71,11 @@ def assign_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
     return rows
 
 
-def positions(lengths: Sequence[int], min_width: int = PACK_MIN_WIDTH) -> int:
-    """The positions a packed batch of ``lengths`` runs: its rows x the fullest row's length."""
+@functools.lru_cache(maxsize=64)
+def positions(lengths: tuple[int, ...], min_width: int = PACK_MIN_WIDTH) -> int:
+    """The positions a packed batch of ``lengths`` runs: its rows x the fullest row's length. Cached: the
+    batching core asks it of one batch up to four times, on the event loop (the late-item check, the
+    worker's prediction, the cost record, the padding metric)."""
     rows = assign_rows(lengths, row_width(lengths, min_width))
     return len(rows) * max(sum(lengths[i] for i in row) for row in rows)
 

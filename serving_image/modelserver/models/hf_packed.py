@@ -39,9 +39,10 @@ def packed_embeddings(
     # a token sees the tokens of its own input; a padding position sees itself (no empty softmax row)
     mask = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] >= 0)
     mask |= torch.eye(pb.width, dtype=torch.bool, device=device)[None]
+    pos = torch.from_numpy(pb.positions).to(device)
     feed = {
         "input_ids": ids,
-        "position_ids": torch.from_numpy(pb.positions).to(device),
+        "position_ids": pos,
         "attention_mask": mask[:, None],
     }
     if token_types:
@@ -54,7 +55,7 @@ def packed_embeddings(
         who, hk = flat[keep], h[keep]
         n = len(payloads)
         if pooling == "cls":
-            first = torch.from_numpy(pb.positions).to(device).reshape(-1)[keep] == 0
+            first = pos.reshape(-1)[keep] == 0
             pooled = torch.empty(n, h.shape[-1], dtype=h.dtype, device=device)
             pooled[who[first]] = hk[first]
         elif pooling == "max":
