@@ -95,21 +95,60 @@ def new_revision(kube: Kube, ns: str, old: str) -> str:
     )
 
 
+def rollout_summary(kube: Kube, ns: str) -> str:
+    """Where a rollout stands, short (CI shows the head of a failure message): phase, revisions with their
+    pods, the conditions, the history, the last analysis measurements, the pods' states."""
+    st = md_status(kube, ns, NAME)
+    revs = [
+        f"{r['revision']}({r.get('role')}: {r.get('readyReplicas', 0)}/{r.get('replicas', 0)} ready, "
+        f"{r.get('inTrafficReplicas', 0)} in traffic)"
+        for r in st.get("revisions", [])
+    ]
+    conds = [
+        f"{c['type']}={c['status']} {c.get('reason')}: {c.get('message', '')[:160]}"
+        for c in st.get("conditions", [])
+    ]
+    hist = [
+        f"{h.get('revision')} {h.get('outcome')}: {str(h.get('reason', ''))[:160]}"
+        for h in st.get("history", [])
+    ]
+    meas = [
+        f"{m.get('metric')}={m.get('value')} {m.get('verdict')} {m.get('error') or ''}"[:160]
+        for m in (st.get("analysis") or {}).get("measurements", [])[-4:]
+    ]
+    pods = [
+        f"{p['metadata']['name']} {p.get('status', {}).get('phase')} "
+        f"ready={[c.get('ready') for c in p.get('status', {}).get('containerStatuses', [])]}"
+        for p in (kube.get(f"/api/v1/namespaces/{ns}/pods") or {}).get("items", [])
+    ]
+    return (
+        f"phase={st.get('phase')} step={st.get('step')} "
+        f"weight={st.get('canaryWeight')}/{st.get('achievedCanaryWeight')}; "
+        f"revisions {revs}; conditions {conds}; history {hist}; measurements {meas}; pods {pods}"
+    )
+
+
 def outcome_of(kube: Kube, ns: str, revision: str, outcome: str, timeout: float) -> dict[str, Any]:
     """Wait until ``revision`` has ``outcome`` in the history (a rolled-back revision leaves
-    ``status.revisions``, so it is known by its id, not its model version)."""
+    ``status.revisions``, so it is known by its id, not its model version). Another outcome of it fails at
+    once, and a timeout says where the rollout stood (CI twice saw a same-weights promotion time out after
+    240 s, its cause cut off the end of the message)."""
 
     def seen() -> dict[str, Any] | None:
         st = md_status(kube, ns, NAME)
         for h in st.get("history", []):
             if h["revision"] == revision and h["outcome"] == outcome:
                 return {**h, "status": st}
+            if h["revision"] == revision:
+                raise AssertionError(
+                    f"revision {revision} {h['outcome']}, not {outcome}: {rollout_summary(kube, ns)}"
+                )
         return None
 
     try:
         return wait_for(seen, timeout=timeout, interval=0.5, what=f"revision {revision} {outcome}")
-    except WaitTimeout as e:  # say where the rollout stood (CI saw a same-weights promotion time out)
-        raise WaitTimeout(f"{e}; status then: {md_status(kube, ns, NAME)}") from e
+    except WaitTimeout as e:
+        raise AssertionError(f"no {outcome} for {revision}: {rollout_summary(kube, ns)} ({e})") from e
 
 
 def failures(streams: list[Stream]) -> list[tuple[str, int, str | None, str | None]]:
