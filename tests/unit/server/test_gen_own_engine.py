@@ -15,7 +15,7 @@ import torch
 from modelserver.errors import InvalidInput
 from modelserver.gen_app import GenerationApp
 from modelserver.gen_engine import GenerationEngine, Limits, Sampling
-from modelserver.gen_own_engine import OwnEngine, build_own_engine
+from modelserver.gen_own_engine import PER_ROW_MIN_GAIN, OwnEngine, build_own_engine, per_row_contexts
 from modelserver.gen_sampling import filtered
 from modelserver.metrics import Metrics
 
@@ -63,9 +63,13 @@ def prompts_of(tok: Any, lengths: list[int]) -> list[list[int]]:
     return [ids[i : i + n] for i, n in enumerate(lengths)]
 
 
+@pytest.mark.parametrize("min_gain", [PER_ROW_MIN_GAIN, -1, 10**9], ids=["default", "row-by-row", "batched"])
 async def test_greedy_answers_are_what_generate_gives_while_mixed_prompts_join_mid_run(
-    engine: GenerationEngine, own: OwnEngine, loaded: Any
+    engine: GenerationEngine, own: OwnEngine, loaded: Any, min_gain: float
 ) -> None:
+    """Whether a decode step attends row by row (each row over its own context) or in one batched call
+    over the longest context (a mask hiding the rest), the answers are generate()'s."""
+    own.per_row_min_gain = min_gain
     _, tok = loaded
     lengths, news = [3, 70, 11, 97, 5, 40, 2], [30, 12, 25, 8, 40, 20, 33]
     prompts = prompts_of(tok, lengths)
@@ -163,6 +167,12 @@ async def test_a_seeded_sampled_answer_is_the_same_whatever_runs_beside_it(
     assert beside[0] == alone, "the same seed gave another answer next to other sequences"
     assert beside[2] != alone, "another seed gave the same answer: the seed is not used"
     assert alone != greedy, "a sampled answer equal to the greedy one shows nothing"
+
+
+def test_a_decode_step_attends_row_by_row_only_when_its_contexts_differ_enough_to_pay() -> None:
+    assert per_row_contexts([100, 100, 101]) is None  # one batched call over 102 positions
+    assert per_row_contexts([10, 700, 20, 30]) == [11, 701, 21, 31]  # 701 against a mean of 191
+    assert per_row_contexts([5, 5], min_gain=-1) == [6, 6]
 
 
 def test_top_k_and_top_p_keep_what_they_should() -> None:
