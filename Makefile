@@ -141,6 +141,7 @@ bench-serving-shadow: venv
 bench-generate: venv
 	$(PY) -m pip install --quiet "openai==3.60.0" "accelerate==1.15.0"
 	$(PY) -m bench.generate
+	taskset -c $$(( $$(nproc) - 1 )) env OMP_NUM_THREADS=1 $(PY) -m bench.generate_bound
 
 # the server's GPU path; needs a CUDA machine (exits 2 without one): bench/results/gpu.{json,md}
 bench-gpu: venv
