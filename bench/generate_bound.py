@@ -109,7 +109,7 @@ def measure(model_dir: Path, repeats: int = 5) -> StepCosts:
             def chunk(n: int = n) -> None:
                 seq = Sequence("p", [7] * n, n, 1, frozenset(), greedy)
                 engine.prefilling = seq
-                engine._prefill(seq, n)
+                engine._prefill([(seq, n)])
                 engine.decoding = []
 
             prefill.append(timed(chunk))
@@ -132,8 +132,9 @@ def replay(
     budget: int = BATCH_TOKENS,
 ) -> dict[str, float]:
     """The closed loop on ``requests`` (prompt tokens, answer tokens) at ``concurrency``, step by step as
-    the own engine schedules it (one sequence prefilled at a time, in chunks within ``budget`` less the
-    decode rows; at most ``RUNNING`` rows), each decode charged at the rows' mean context."""
+    the own engine schedules it (newcomers' prompts in chunks within ``budget`` less the decode rows, all
+    of a step's chunks one forward; at most ``RUNNING`` rows), each decode charged at the rows' mean
+    context, each step's prefill at its chunks' total tokens."""
     todo = list(reversed(requests))
     waiting: list[_Running] = []
     rows: list[_Running] = []
@@ -153,19 +154,24 @@ def replay(
                 r.made += 1
             made += len(rows)
             left -= len(rows)
+        chunks: list[int] = []  # the step's prefill chunks: one forward (the engine lays them end to end)
+        held_before = len(rows)
         while left > 0:
             if prefilling is None:
-                if not waiting or len(rows) >= RUNNING:
+                if not waiting or held_before + len(chunks) >= RUNNING:
                     break
                 prefilling = waiting.pop(0)
             n = min(left, prefilling.prompt - prefilling.cached)
-            t = costs.prefill_s(n)
-            prefill_s, clock, left = prefill_s + t, clock + t, left - n
+            chunks.append(n)
+            left -= n
             prefilling.cached += n
             if prefilling.cached == prefilling.prompt:
                 prefilling.made, made = 1, made + 1  # the first token comes with the prompt's last chunk
                 rows.append(prefilling)
                 prefilling = None
+        if chunks:
+            t = costs.prefill_s(sum(chunks))
+            prefill_s, clock = prefill_s + t, clock + t
         held += len(rows)
         steps += 1
         rows = [r for r in rows if r.made < r.answer]

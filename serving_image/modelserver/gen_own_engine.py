@@ -6,10 +6,12 @@ One thread runs the model; each step is
 
 1. **one batched decode forward** for every running sequence (their caches in slots ``0..D-1`` of a
    :class:`~modelserver.gen_slots.SlotCache`, each row at its own position), then
-2. **prefill chunks** of newcomers, in arrival order, within what is left of the per-step token budget
-   (``max_batch_tokens``): a long prompt is prefilled over several steps, so running streams keep getting a
-   token every step. The sequence being prefilled sits in slot ``D``; when its prompt is in, its first token
-   is sampled and it joins the decode rows.
+2. **one prefill forward** for newcomers' prompts, in arrival order, laid end to end within what is left
+   of the per-step token budget (``max_batch_tokens``): a long prompt is prefilled over several steps, so
+   running streams keep getting a token every step, and many short prompts share one forward (one pass
+   over the weights: at one thread a forward of 16 tokens costs 16 ms, of 128 tokens 42 ms). The chunks sit
+   in slots ``D, D+1, ...``; a sequence whose prompt is in samples its first token and joins the decode
+   rows; only the step's last chunk can be a prompt's part, and it goes on first in the next step.
 
 A finished or cancelled sequence leaves at the end of the step (cancel: at the next step, its slot is free
 at once); the last running sequence's cache moves into its slot, so the rows stay compact. Each row
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import threading
 from collections import deque
@@ -83,10 +86,11 @@ def _eos_set(eos: int | list[int] | None) -> frozenset[int]:
 
 
 #: a decode step attends row by row (each row over its own context) when its longest context is more than
-#: this many positions over the mean: one row's attention call costs about as much as 120 positions of the
-#: batched kernel (measured on one thread: 15 us a call, 0.126 us a row-position a layer), so with
-#: contexts that close, one batched call over the longest is cheaper
-PER_ROW_MIN_GAIN = 128
+#: this many positions over the mean; closer, one batched call over the longest is cheaper. Measured on one
+#: thread (the bench model, 32 rows; batched / row by row, ms a step): gap 0 25.0 / 27.9 (contexts 64) and
+#: 36.7 / 39.6 (300); gap 33-35 29.0 / 29.8 and 40.2 / 41.0; gap 57-78 32.3 / 30.7 and 43.4 / 42.9; gap
+#: 110-126 37.9 / 34.0 and 50.8 / 47.4
+PER_ROW_MIN_GAIN = 48
 
 
 def per_row_contexts(cached: list[int], min_gain: float = PER_ROW_MIN_GAIN) -> list[int] | None:
@@ -141,6 +145,7 @@ class OwnEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.steps = 0
+        self.forwards = 0  # model forwards (decode and prefill)
 
     # -- what modelserver.gen_engine calls (the manager's names) ---------------------------------------
     def start(self) -> None:
@@ -245,36 +250,52 @@ class OwnEngine:
         self.queue.clear()
 
     def step(self) -> None:
-        """One decode forward for the running rows, then prefill chunks within the step's token budget."""
+        """One decode forward for the running rows, then one prefill forward for as many newcomers'
+        chunks as the step's token budget holds."""
         self.steps += 1
         budget = self.max_batch_tokens
         if self.decoding:
             self._decode()
             budget -= len(self.decoding)
-        while budget > 0:
-            seq = self.prefilling or self._newcomer()
-            if seq is None:
-                break
-            n = min(budget, len(seq.tokens) - seq.cached)
-            budget -= n
-            self._prefill(seq, n)
+        chunks = self._chunks(budget)
+        if chunks:
+            self._prefill(chunks)
         self._finish()
 
-    def _newcomer(self) -> Sequence | None:
-        if not self.queue or len(self.decoding) >= self.slots:
-            return None
-        self.prefilling = self.queue.popleft()
-        return self.prefilling
+    def _chunks(self, budget: int) -> list[tuple[Sequence, int]]:
+        """The step's prefill: the sequence whose prompt is half in first, then newcomers in arrival order
+        while a slot is free, each with as much of its prompt as the budget leaves. Only the last can be
+        left half in, so the finished ones take slots ``D, D+1, ...`` in order and the half one the next."""
+        out: list[tuple[Sequence, int]] = []
+        pending = [self.prefilling] if self.prefilling is not None else []
+        while budget > 0:
+            if pending:
+                seq = pending.pop()
+            elif self.queue and len(self.decoding) + len(out) < self.slots:
+                seq = self.queue.popleft()
+            else:
+                break
+            n = min(budget, len(seq.tokens) - seq.cached)
+            out.append((seq, n))
+            budget -= n
+        return out
 
     def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: list[int] | None = None
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        keep: int | torch.Tensor = 1,
+        **slots: Any,
     ) -> torch.Tensor:
-        """``rows``: decode, each row's context length (its attention reads that much of its slot)."""
+        """The logits of the ``keep`` positions; ``slots``: ``slot_rows`` (decode, each row's context) or
+        ``slot_segments`` (prefill chunks) for the attention (modelserver.gen_slots)."""
+        self.forwards += 1
         out = self.model(
             input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
-            use_cache=True, logits_to_keep=1, slot_cache=True, slot_rows=rows,
+            use_cache=True, logits_to_keep=keep, slot_cache=True, **slots,
         )  # fmt: skip
-        return out.logits[:, -1]
+        return out.logits
 
     def _decode(self) -> None:
         rows = self.decoding
@@ -282,22 +303,39 @@ class OwnEngine:
         cached = [s.cached for s in rows]
         pos = torch.tensor(cached, device=self.device)
         rows_ctx = per_row_contexts(cached, self.per_row_min_gain)
-        logits = self._forward(ids, pos[:, None], self.cache.for_decode(pos), rows_ctx)
+        logits = self._forward(ids, pos[:, None], self.cache.for_decode(pos), slot_rows=rows_ctx)[:, -1]
         for s, t in zip(rows, next_tokens(logits, [s.sampling for s in rows]), strict=True):
             s.cached += 1
             s.tokens.append(t)
 
-    def _prefill(self, seq: Sequence, n: int) -> None:
-        start = seq.cached
-        ids = torch.tensor([seq.tokens[start : start + n]], device=self.device)
-        pos = torch.arange(start, start + n, device=self.device)[None]
-        mask = self.cache.for_prefill(len(self.decoding), start, n, self.device)
-        logits = self._forward(ids, pos, mask)
-        seq.cached += n
-        if seq.cached == len(seq.tokens):  # the prompt is in: its first (next) token
-            seq.tokens.append(next_tokens(logits, [seq.sampling])[0])
-            self.decoding.append(seq)
-            self.prefilling = None
+    def _prefill(self, chunks: list[tuple[Sequence, int]]) -> None:
+        """One forward over the chunks laid end to end, each written to its slot (``D``, ``D+1``, ...); a
+        sequence whose prompt is in samples its first token and joins the decode rows."""
+        d = len(self.decoding)
+        segments = [(d + i, seq.cached, n) for i, (seq, n) in enumerate(chunks)]
+        ids = [t for seq, n in chunks for t in seq.tokens[seq.cached : seq.cached + n]]
+        pos = [p for _, a, n in segments for p in range(a, a + n)]
+        ends = list(itertools.accumulate(n for _, n in chunks))
+        logits = self._forward(
+            torch.tensor([ids], device=self.device), torch.tensor([pos], device=self.device),
+            self.cache.for_prefill(segments), torch.tensor([e - 1 for e in ends], device=self.device),
+            slot_segments=segments,
+        )[0]  # fmt: skip
+        self.prefilling = None
+        done: list[tuple[int, Sequence]] = []
+        for i, (seq, n) in enumerate(chunks):
+            seq.cached += n
+            if seq.cached == len(seq.tokens):  # the prompt is in: its first (next) token
+                done.append((i, seq))
+            else:
+                self.prefilling = seq  # the last chunk (see _chunks)
+        if done:
+            rows = torch.tensor([i for i, _ in done], device=self.device)
+            for (_, seq), t in zip(
+                done, next_tokens(logits[rows], [s.sampling for _, s in done]), strict=True
+            ):
+                seq.tokens.append(t)
+                self.decoding.append(seq)
 
     def _finish(self) -> None:
         """Hand out the step's tokens; finished rows leave (from the last, so indices hold) before their

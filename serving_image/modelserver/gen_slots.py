@@ -15,12 +15,13 @@ and the attention interface): :class:`SlotCache` is the ``past_key_values`` -- i
 row's new keys and values at that row's own position (advanced indexing) and returns the views -- and
 :func:`slot_attention` the attention function, registered as ``modeldeploy_slots``: grouped-query
 attention without repeating the keys (the query heads of one KV head are folded into the query length).
-A prefill chunk attends with the causal mask this engine builds. A decode step attends **row by row, each
-row over its own context** (``slot_rows``: each row's length), with no mask: one batched attention over
-``[:D, :, :L]`` would cost every row the longest row's context, and a boolean mask sends it down the
-slower masked kernel -- measured on one thread, 32 rows of a 4-KV-head model with contexts of mean 215 and
-longest 768: 3.1 ms per layer batched and masked, 1.2 ms row by row (docs/server.md). Called without
-``slot_cache=True`` it is transformers' sdpa.
+A decode step whose contexts differ attends **row by row, each row over its own context** (``slot_rows``:
+each row's length), with no mask: one batched attention over ``[:D, :, :L]`` costs every row the longest
+row's context, and its boolean mask sends it down the slower masked kernel -- measured on one thread, 32
+rows of a 4-KV-head model with contexts of mean 215 and longest 768: 3.1 ms per layer batched and masked,
+1.2 ms row by row (when row by row pays: modelserver.gen_own_engine.PER_ROW_MIN_GAIN). A prefill forward
+carries several prompts' chunks laid end to end (``slot_segments``: each one's slot, start and length),
+each attending causally to its own slot. Called without ``slot_cache=True`` it is transformers' sdpa.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class SlotCache:
         self.slots, self.max_len = slots, max_len
         self._rows: torch.Tensor | None = None  # decode: the rows 0..D-1 ...
         self._positions: torch.Tensor | None = None  # ... and each row's position
-        self._slot, self._start = 0, 0  # prefill: one slot, from this position
+        self._segments: list[tuple[int, int, int]] = []  # prefill: (slot, start, n) of each chunk
         self._view = 0  # the key length the attention sees
 
     @property
@@ -63,13 +64,15 @@ class SlotCache:
         seen = torch.arange(self._view, device=positions.device)
         return (seen[None, :] <= positions[:, None]).view(d, 1, 1, self._view)
 
-    def for_prefill(self, slot: int, start: int, n: int, device: Any = None) -> torch.Tensor:
-        """Slot ``slot`` writes ``n`` tokens from ``start``; the causal mask ``[1, 1, n, start + n]``."""
+    def for_prefill(self, segments: list[tuple[int, int, int]]) -> torch.Tensor:
+        """One forward writes several prompts' chunks, laid end to end: ``segments`` lists each one's
+        ``(slot, start, n)`` in that order (:func:`slot_attention` gets the same list). Returns a 4-D
+        placeholder mask: the attention builds each segment's own causal mask, and a 4-D mask keeps
+        transformers from building one for the whole row."""
         self._rows = None
-        self._slot, self._start, self._view = slot, start, start + n
-        q = torch.arange(start, start + n, device=device)
-        k = torch.arange(start + n, device=device)
-        return (k[None, :] <= q[:, None]).view(1, 1, n, start + n)
+        self._segments = segments
+        self._view = max(a + n for _, a, n in segments)
+        return torch.ones(1, 1, 1, 1, dtype=torch.bool)
 
     # -- the Cache interface the model calls -----------------------------------------------------------
     def update(
@@ -81,10 +84,12 @@ class SlotCache:
             values[self._rows, :, self._positions] = value_states[:, :, 0]
             d = key_states.shape[0]
             return keys[:d, :, : self._view], values[:d, :, : self._view]
-        s, a, n = self._slot, self._start, key_states.shape[2]
-        keys[s, :, a : a + n] = key_states[0]
-        values[s, :, a : a + n] = value_states[0]
-        return keys[s : s + 1, :, : self._view], values[s : s + 1, :, : self._view]
+        off = 0  # prefill: each segment's keys and values into its slot, from its start
+        for s, a, n in self._segments:
+            keys[s, :, a : a + n] = key_states[0, :, off : off + n]
+            values[s, :, a : a + n] = value_states[0, :, off : off + n]
+            off += n
+        return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._view
@@ -118,6 +123,9 @@ def slot_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     rows: list[int] | None = kwargs.pop("slot_rows", None)
+    segments: list[tuple[int, int, int]] | None = kwargs.pop("slot_segments", None)
+    if segments is not None:
+        return _segments_attention(query, key, value, segments, scaling), None
     b, h, q, d = query.shape
     kv = key.shape[1]
     g = h // kv
@@ -137,6 +145,30 @@ def slot_attention(
         mask = mask.unsqueeze(2).expand(b, 1, g, q, mask.shape[-1]).reshape(b, 1, g * q, mask.shape[-1])
     out = F.scaled_dot_product_attention(folded, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
+
+
+def _segments_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    segments: list[tuple[int, int, int]],
+    scaling: float | None,
+) -> torch.Tensor:
+    """Prefill of several chunks in one row (query ``[1, H, N, d]``, the layer's whole cache as keys):
+    each chunk's queries attend causally to its own slot's positions up to its own; ``[1, N, H, d]``."""
+    outs, off = [], 0
+    for s, a, n in segments:
+        q = query[:, :, off : off + n]
+        k, v = key[s : s + 1, :, : a + n], value[s : s + 1, :, : a + n]
+        if a == 0:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=True)
+        else:
+            seen = torch.arange(a + n, device=q.device)
+            mask = seen[None, :] <= torch.arange(a, a + n, device=q.device)[:, None]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True)
+        outs.append(out)
+        off += n
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
 
 
 def register() -> None:

@@ -51,3 +51,9 @@ def test_prefill_time_is_counted_and_shares_the_step_budget() -> None:
     # 4 x 512 prompt tokens at 1 ms: 2.048 s of prefill, one prompt per step
     assert out["prefill_share"] > 0.8
     assert out["makespan_s"] == pytest.approx(2.048 + 16 * 0.014, rel=0.1)
+
+
+def test_a_steps_prefill_chunks_are_one_forward() -> None:
+    c = StepCosts(costs().decode, [0.01 + 0.001 * n for n in CHUNKS])  # 10 ms a forward, 1 ms a token
+    out = replay(c, [(16, 1)] * 3, 3)  # three prompts of 16 tokens, each answer its first token
+    assert out["makespan_s"] == pytest.approx(0.01 + 0.048, abs=0.005)  # not 3 x (0.01 + 0.016)

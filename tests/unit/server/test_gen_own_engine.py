@@ -15,8 +15,14 @@ import torch
 from modelserver.errors import InvalidInput
 from modelserver.gen_app import GenerationApp
 from modelserver.gen_engine import GenerationEngine, Limits, Sampling
-from modelserver.gen_own_engine import PER_ROW_MIN_GAIN, OwnEngine, build_own_engine, per_row_contexts
-from modelserver.gen_sampling import filtered
+from modelserver.gen_own_engine import (
+    PER_ROW_MIN_GAIN,
+    OwnEngine,
+    Sequence,
+    build_own_engine,
+    per_row_contexts,
+)
+from modelserver.gen_sampling import RowSampling, filtered
 from modelserver.metrics import Metrics
 
 SLOTS, KV_TOKENS, BUDGET = 3, 3 * 160, 24  # slots of 160 tokens; 24 tokens per step: long prompts chunked
@@ -87,6 +93,29 @@ async def test_greedy_answers_are_what_generate_gives_while_mixed_prompts_join_m
     # 7 sequences in 3 slots, prompts of up to 97 tokens in 24-token steps: they joined a running batch
     assert own.steps - steps_before < sum(lengths) + sum(news)
     assert own.kv_cache_usage() == 0.0 and not own.decoding and own.prefilling is None
+
+
+def test_newcomers_prompts_are_prefilled_together_in_one_forward_and_answer_as_generate_does(
+    loaded: Any,
+) -> None:
+    model, tok = loaded
+    own = OwnEngine(model, kv_cache_tokens=KV_TOKENS, max_batch_tokens=BUDGET, max_sequences=SLOTS)
+    try:
+        prompts = prompts_of(tok, [5, 7, 15])
+        greedy = RowSampling.of(True, 0.0, 1, 1.0, None)
+        eos = frozenset([tok.eos_token_id])
+        own.queue.extend(Sequence(str(i), list(p), len(p), 6, eos, greedy) for i, p in enumerate(prompts))
+        own.step()
+        # one forward: 5 + 7 tokens, then 12 of the third prompt's 15 (the step's budget is 24)
+        assert own.forwards == 1
+        assert [s.rid for s in own.decoding] == ["0", "1"]
+        assert own.prefilling is not None and (own.prefilling.rid, own.prefilling.cached) == ("2", 12)
+        seqs = [*own.decoding, own.prefilling]
+        while own.decoding or own.prefilling is not None:
+            own.step()
+        assert [s.generated for s in seqs] == [reference(loaded, p, 6) for p in prompts]
+    finally:
+        model.set_attn_implementation(own._attn_before)
 
 
 async def test_leaving_a_stream_frees_its_slot_at_once_and_the_waiter_gets_it(
