@@ -69,7 +69,10 @@ KV_TOKENS, PAGE, BATCH_TOKENS, RUNNING, WAITING = 24576, 32, 512, 32, 64
 
 def commit() -> str:
     res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    # bench/results is what the benches write (bench.generate_bound runs after bench.generate has written)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", ".", ":(exclude)bench/results"], capture_output=True, text=True
+    ).stdout.strip()
     return res.stdout.strip() + ("-dirty" if dirty else "")
 
 
