@@ -176,7 +176,9 @@ def test_a_generation_deployment_streams_token_by_token_through_kube_proxy_and_t
             body = {
                 "model": MODEL,
                 "prompt": "a canary judged by its clients",
-                "max_tokens": 96,
+                # 400 tokens: the small model writes them in ~0.4 s on a fast day (96 took 0.12 s through
+                # the gateway once, in 8 bursts), so a proxy that flushes every 100 ms shows <= 5 arrivals
+                "max_tokens": 400,
                 "temperature": 0,
             }
             s = stream_once(client, url, body)
