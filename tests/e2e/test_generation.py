@@ -29,6 +29,11 @@ MODEL = "tiny-llama"
 #: On a bucket boundary of the server's TTFT histogram: Prometheus interpolates within a bucket, so a limit
 #: inside one (150 ms, in 0.1-0.25 s) read the same big model as 243 ms in one run and 99 ms in another.
 MAX_TTFT_P99_MS = 100
+#: the limit everywhere else: the rollouts there are judged on other things (the same weights are promoted,
+#: other weights are caught by the shadow stage), and the small model's TTFT p99 under a loaded machine
+#: (23 ms idle, 66 ms beside two busy loops, 161 ms beside a pytest run) rolled back a same-weights revision
+#: on the 100 ms limit -- what CI saw twice as a promotion that never came
+LOOSE_TTFT_P99_MS = 2000
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -36,10 +41,12 @@ def quantile(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * len(s)) - 1))]
 
 
-def gen_md(version: str, size: str = "test", seed: int = 0, **rollout: Any) -> dict[str, Any]:
+def gen_md(
+    version: str, size: str = "test", seed: int = 0, max_ttft_ms: int = LOOSE_TTFT_P99_MS, **rollout: Any
+) -> dict[str, Any]:
     analysis = {
         "maxErrorRate": 0.05,
-        "maxTTFTP99Ms": MAX_TTFT_P99_MS,
+        "maxTTFTP99Ms": max_ttft_ms,
         "minRequests": 10,
         "failureLimit": 1,
         "onNoData": "hold",
@@ -198,7 +205,7 @@ def test_a_revision_with_a_slower_first_token_is_rolled_back_on_ttft_and_no_stre
     kube: Kube, operator: Any, namespace: str
 ) -> None:
     ns = namespace
-    kube.apply(gen_md("1"), ns)
+    kube.apply(gen_md("1", max_ttft_ms=MAX_TTFT_P99_MS), ns)
     v1 = until_healthy_on(kube, ns, "1")
     genmodel.cached(seed=0, size="bench")  # built before the clock starts
     # prompts of ~100 words: the big model's prefill puts its first token well past 100 ms (~60 words gave a
@@ -207,7 +214,7 @@ def test_a_revision_with_a_slower_first_token_is_rolled_back_on_ttft_and_no_stre
     load.start()
     start = time.monotonic()
     try:
-        kube.apply(gen_md("2-big", size="bench"), ns)
+        kube.apply(gen_md("2-big", size="bench", max_ttft_ms=MAX_TTFT_P99_MS), ns)
         h = outcome_of(kube, ns, new_revision(kube, ns, v1), "RolledBack", timeout=240)
         decided = time.monotonic()
         time.sleep(8)  # streams open on v2 when it left traffic run to their end
