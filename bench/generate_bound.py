@@ -11,7 +11,9 @@ does -- and charges each forward what it measured on this CPU with one thread:
 
 * a decode forward of ``D`` rows whose longest context is ``L``: the own engine's forward
   (modelserver.gen_own_engine, slot cache), timed on a grid of ``D`` x ``L`` and interpolated;
-* a prefill chunk of ``n`` tokens: the same engine's prefill forward, timed on a grid of ``n``.
+* a prefill chunk of ``n`` tokens: the same engine's prefill forward, timed on a grid of ``n``;
+* a step that does both in one forward (as the engine does): the two less what one such forward was
+  measured to save (one pass over the weights, ~10 ms at one thread).
 
 Each decode is charged at the running rows' *mean* context: the own engine attends row by row, each
 over its own context (modelserver.gen_slots), as a paged-attention kernel does, so its step costs what the
@@ -40,6 +42,8 @@ from bench.serving import RESULTS
 ROWS = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 CONTEXTS = (32, 128, 256, 512, 768)
 CHUNKS = (16, 32, 64, 128, 256, 384, 512)
+#: (rows, chunk tokens) of the fused forwards measured (rows at context 256)
+FUSED = ((1, 16), (8, 128), (32, 16), (32, 128), (32, 448))
 
 
 def _interp(xs: tuple[int, ...], ys: list[float], x: float) -> float:
@@ -52,10 +56,20 @@ def _interp(xs: tuple[int, ...], ys: list[float], x: float) -> float:
 @dataclass(frozen=True)
 class StepCosts:
     """Seconds per forward, measured: ``decode[r][c]`` for ``ROWS[r]`` rows at context ``CONTEXTS[c]``,
-    ``prefill[k]`` for a chunk of ``CHUNKS[k]`` tokens."""
+    ``prefill[k]`` for a chunk of ``CHUNKS[k]`` tokens; ``shared``: what one forward that decodes the rows
+    and prefills a chunk saves against the two apart (the median over :data:`FUSED`, measured)."""
 
     decode: list[list[float]]
     prefill: list[float]
+    shared: float = 0.0
+
+    def step_s(self, rows: int, context: float, chunk_tokens: int) -> float:
+        """A step: the rows' decode and the chunks' prefill in one forward (either may be absent)."""
+        if not chunk_tokens:
+            return self.decode_s(rows, context) if rows else 0.0
+        if not rows:
+            return self.prefill_s(chunk_tokens)
+        return self.decode_s(rows, context) + self.prefill_s(chunk_tokens) - self.shared
 
     def decode_s(self, rows: int, context: float) -> float:
         by_rows = [_interp(CONTEXTS, self.decode[r], context) for r in range(len(ROWS))]
@@ -113,7 +127,21 @@ def measure(model_dir: Path, repeats: int = 5) -> StepCosts:
                 engine.decoding = []
 
             prefill.append(timed(chunk))
-    return StepCosts(decode, prefill)
+        saved = []
+        for rows, n in FUSED:
+            seqs = [Sequence(str(i), [5] * 256, 255, 10**6, frozenset(), greedy) for i in range(rows)]
+
+            def fused(seqs: list[Sequence] = seqs, n: int = n) -> None:
+                for s in seqs:
+                    s.cached, s.tokens = 255, s.tokens[:256]
+                engine.decoding = list(seqs)
+                engine._prefill([(Sequence("p", [7] * n, n, 1, frozenset(), greedy), n)])
+
+            both = timed(fused)
+            apart = _interp(CONTEXTS, decode[ROWS.index(rows)], 256) + _interp(CHUNKS, prefill, n)
+            saved.append(apart - both)
+        engine.decoding = []
+    return StepCosts(decode, prefill, statistics.median(saved))
 
 
 @dataclass
@@ -132,28 +160,26 @@ def replay(
     budget: int = BATCH_TOKENS,
 ) -> dict[str, float]:
     """The closed loop on ``requests`` (prompt tokens, answer tokens) at ``concurrency``, step by step as
-    the own engine schedules it (newcomers' prompts in chunks within ``budget`` less the decode rows, all
-    of a step's chunks one forward; at most ``RUNNING`` rows), each decode charged at the rows' mean
-    context, each step's prefill at its chunks' total tokens."""
+    the own engine schedules it (newcomers' prompts in chunks within ``budget`` less the decode rows, the
+    rows' decode and all of a step's chunks one forward; at most ``RUNNING`` rows), each step charged by
+    :meth:`StepCosts.step_s` at the rows' mean context and its chunks' total tokens."""
     todo = list(reversed(requests))
     waiting: list[_Running] = []
     rows: list[_Running] = []
     prefilling: _Running | None = None
-    clock = decode_s = prefill_s = 0.0
+    clock = prefill_s = 0.0
     made = held = steps = 0
     while todo or waiting or rows or prefilling:
         while todo and len(waiting) + len(rows) + (prefilling is not None) < concurrency:
             p, a = todo.pop()
             waiting.append(_Running(p, a))
         left = budget
-        if rows:
-            ctx = [r.prompt + r.made for r in rows]
-            t = costs.decode_s(len(rows), statistics.fmean(ctx))
-            decode_s, clock = decode_s + t, clock + t
-            for r in rows:
-                r.made += 1
-            made += len(rows)
-            left -= len(rows)
+        decoded = list(rows)
+        context = statistics.fmean([r.prompt + r.made for r in rows]) if rows else 0.0
+        for r in rows:
+            r.made += 1
+        made += len(rows)
+        left -= len(rows)
         chunks: list[int] = []  # the step's prefill chunks: one forward (the engine lays them end to end)
         held_before = len(rows)
         while left > 0:
@@ -169,9 +195,10 @@ def replay(
                 prefilling.made, made = 1, made + 1  # the first token comes with the prompt's last chunk
                 rows.append(prefilling)
                 prefilling = None
-        if chunks:
-            t = costs.prefill_s(sum(chunks))
-            prefill_s, clock = prefill_s + t, clock + t
+        t = costs.step_s(len(decoded), context, sum(chunks))
+        clock += t
+        if chunks:  # the step's time less what its decode alone would have cost
+            prefill_s += t - (costs.decode_s(len(decoded), context) if decoded else 0.0)
         held += len(rows)
         steps += 1
         rows = [r for r in rows if r.made < r.answer]
@@ -203,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "loadavg_before": load_before,
         "costs": {
+            "shared_s": costs.shared,
             "rows": ROWS,
             "contexts": CONTEXTS,
             "chunks": CHUNKS,

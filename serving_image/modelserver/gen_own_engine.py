@@ -2,16 +2,20 @@
 ``ContinuousBatchingManager`` and with the same methods modelserver.gen_engine calls on it
 (``add_request``, ``register_result_handler``, ``cancel_request``, ``is_running``, ``stop``).
 
-One thread runs the model; each step is
+One thread runs the model; each step is **one forward** over
 
-1. **one batched decode forward** for every running sequence (their caches in slots ``0..D-1`` of a
-   :class:`~modelserver.gen_slots.SlotCache`, each row at its own position), then
-2. **one prefill forward** for newcomers' prompts, in arrival order, laid end to end within what is left
-   of the per-step token budget (``max_batch_tokens``): a long prompt is prefilled over several steps, so
-   running streams keep getting a token every step, and many short prompts share one forward (one pass
-   over the weights: at one thread a forward of 16 tokens costs 16 ms, of 128 tokens 42 ms). The chunks sit
-   in slots ``D, D+1, ...``; a sequence whose prompt is in samples its first token and joins the decode
-   rows; only the step's last chunk can be a prompt's part, and it goes on first in the next step.
+1. the running sequences' last tokens (their decode step; their caches in slots ``0..D-1`` of a
+   :class:`~modelserver.gen_slots.SlotCache`, each row at its own position), and
+2. newcomers' prompt chunks, in arrival order, laid end to end within what is left of the per-step token
+   budget (``max_batch_tokens``): a long prompt is prefilled over several steps, so running streams keep
+   getting a token every step, and many short prompts share the forward -- one pass over the weights (at
+   one thread a forward costs ~10 ms before its first token; 16 prompt tokens 16 ms, 128 tokens 42 ms).
+   The chunks sit in slots ``D, D+1, ...``; a sequence whose prompt is in samples its first token and
+   joins the decode rows; only the step's last chunk can be a prompt's part, and it goes on first in the
+   next step.
+
+A step with no chunk is a decode forward alone, the rows ``[D, 1]`` (row by row or batched, see
+:data:`PER_ROW_MIN_GAIN`).
 
 A finished or cancelled sequence leaves at the end of the step (cancel: at the next step, its slot is free
 at once); the last running sequence's cache moves into its slot, so the rows stay compact. Each row
@@ -250,16 +254,14 @@ class OwnEngine:
         self.queue.clear()
 
     def step(self) -> None:
-        """One decode forward for the running rows, then one prefill forward for as many newcomers'
-        chunks as the step's token budget holds."""
+        """One forward: the running rows' decode and, within what is left of the step's token budget, as
+        many newcomers' prompt chunks as it holds -- or the decode alone when nothing waits."""
         self.steps += 1
-        budget = self.max_batch_tokens
-        if self.decoding:
-            self._decode()
-            budget -= len(self.decoding)
-        chunks = self._chunks(budget)
+        chunks = self._chunks(self.max_batch_tokens - len(self.decoding))
         if chunks:
             self._prefill(chunks)
+        elif self.decoding:
+            self._decode()
         self._finish()
 
     def _chunks(self, budget: int) -> list[tuple[Sequence, int]]:
@@ -309,31 +311,38 @@ class OwnEngine:
             s.tokens.append(t)
 
     def _prefill(self, chunks: list[tuple[Sequence, int]]) -> None:
-        """One forward over the chunks laid end to end, each written to its slot (``D``, ``D+1``, ...); a
-        sequence whose prompt is in samples its first token and joins the decode rows."""
-        d = len(self.decoding)
+        """One forward over the running rows' last tokens (their decode step) and the chunks, laid end to
+        end, each chunk written to its slot (``D``, ``D+1``, ...); a sequence whose prompt is in samples its
+        first token and joins the decode rows. One pass over the weights, not two: at one thread a forward
+        costs ~10 ms before its first token."""
+        rows = list(self.decoding)
+        d = len(rows)
         segments = [(d + i, seq.cached, n) for i, (seq, n) in enumerate(chunks)]
-        ids = [t for seq, n in chunks for t in seq.tokens[seq.cached : seq.cached + n]]
-        pos = [p for _, a, n in segments for p in range(a, a + n)]
-        ends = list(itertools.accumulate(n for _, n in chunks))
+        ids = [s.tokens[-1] for s in rows] + [
+            t for seq, n in chunks for t in seq.tokens[seq.cached : seq.cached + n]
+        ]
+        pos = [s.cached for s in rows] + [p for _, a, n in segments for p in range(a, a + n)]
+        keep = list(range(d)) + [d + e - 1 for e in itertools.accumulate(n for _, n in chunks)]
+        decode_pos = torch.tensor(pos[:d], device=self.device) if d else None
         logits = self._forward(
             torch.tensor([ids], device=self.device), torch.tensor([pos], device=self.device),
-            self.cache.for_prefill(segments), torch.tensor([e - 1 for e in ends], device=self.device),
-            slot_segments=segments,
+            self.cache.for_prefill(segments, decode_pos), torch.tensor(keep, device=self.device),
+            slot_segments=[(i, s.cached, 1) for i, s in enumerate(rows)] + segments,
         )[0]  # fmt: skip
+        for s, t in zip(rows, next_tokens(logits[:d], [s.sampling for s in rows]), strict=True):
+            s.cached += 1
+            s.tokens.append(t)
         self.prefilling = None
         done: list[tuple[int, Sequence]] = []
         for i, (seq, n) in enumerate(chunks):
             seq.cached += n
             if seq.cached == len(seq.tokens):  # the prompt is in: its first (next) token
-                done.append((i, seq))
+                done.append((d + i, seq))
             else:
                 self.prefilling = seq  # the last chunk (see _chunks)
         if done:
-            rows = torch.tensor([i for i, _ in done], device=self.device)
-            for (_, seq), t in zip(
-                done, next_tokens(logits[rows], [s.sampling for _, s in done]), strict=True
-            ):
+            at = torch.tensor([i for i, _ in done], device=self.device)
+            for (_, seq), t in zip(done, next_tokens(logits[at], [s.sampling for _, s in done]), strict=True):
                 seq.tokens.append(t)
                 self.decoding.append(seq)
 

@@ -47,7 +47,7 @@ class SlotCache:
         self._rows: torch.Tensor | None = None  # decode: the rows 0..D-1 ...
         self._positions: torch.Tensor | None = None  # ... and each row's position
         self._segments: list[tuple[int, int, int]] = []  # prefill: (slot, start, n) of each chunk
-        self._view = 0  # the key length the attention sees
+        self._view = 0  # decode: the key length the attention sees (0: a prefill forward)
 
     @property
     def nbytes(self) -> int:
@@ -64,14 +64,22 @@ class SlotCache:
         seen = torch.arange(self._view, device=positions.device)
         return (seen[None, :] <= positions[:, None]).view(d, 1, 1, self._view)
 
-    def for_prefill(self, segments: list[tuple[int, int, int]]) -> torch.Tensor:
+    def for_prefill(
+        self, segments: list[tuple[int, int, int]], decode_positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """One forward writes several prompts' chunks, laid end to end: ``segments`` lists each one's
-        ``(slot, start, n)`` in that order (:func:`slot_attention` gets the same list). Returns a 4-D
-        placeholder mask: the attention builds each segment's own causal mask, and a 4-D mask keeps
-        transformers from building one for the whole row."""
-        self._rows = None
+        ``(slot, start, n)`` in that order. With ``decode_positions``, the row starts with one token of each
+        running row ``0..D-1`` at its position (their decode step rides along, :func:`slot_attention` gets
+        them as segments ``(i, position, 1)`` before the chunks). Returns a 4-D placeholder mask: the
+        attention builds each segment's own causal mask, and a 4-D mask keeps transformers from building one
+        for the whole row."""
+        if decode_positions is not None:
+            self._rows = torch.arange(int(decode_positions.shape[0]), device=decode_positions.device)
+            self._positions = decode_positions
+        else:
+            self._rows = self._positions = None
         self._segments = segments
-        self._view = max(a + n for _, a, n in segments)
+        self._view = 0
         return torch.ones(1, 1, 1, 1, dtype=torch.bool)
 
     # -- the Cache interface the model calls -----------------------------------------------------------
@@ -79,12 +87,16 @@ class SlotCache:
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        if self._rows is not None:  # decode: key_states [D, kv_heads, 1, head_dim]
+        if self._view:  # decode: key_states [D, kv_heads, 1, head_dim]
             keys[self._rows, :, self._positions] = key_states[:, :, 0]
             values[self._rows, :, self._positions] = value_states[:, :, 0]
             d = key_states.shape[0]
             return keys[:d, :, : self._view], values[:d, :, : self._view]
-        off = 0  # prefill: each segment's keys and values into its slot, from its start
+        off = 0  # prefill: key_states [1, kv_heads, N, head_dim], the decode rows' tokens first
+        if self._rows is not None:
+            off = int(self._rows.shape[0])
+            keys[self._rows, :, self._positions] = key_states[0, :, :off].transpose(0, 1)
+            values[self._rows, :, self._positions] = value_states[0, :, :off].transpose(0, 1)
         for s, a, n in self._segments:
             keys[s, :, a : a + n] = key_states[0, :, off : off + n]
             values[s, :, a : a + n] = value_states[0, :, off : off + n]
@@ -92,7 +104,7 @@ class SlotCache:
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self._view
+        return self._view  # decode: the longest row's context; prefill: unused (positions are given)
 
     # -- slots ------------------------------------------------------------------------------------------
     def move(self, src: int, dst: int, length: int) -> None:
@@ -162,6 +174,8 @@ def _segments_attention(
         k, v = key[s : s + 1, :, : a + n], value[s : s + 1, :, : a + n]
         if a == 0:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=True)
+        elif n == 1:  # a decode row: every position up to its own
+            out = F.scaled_dot_product_attention(q, k, v, scale=scaling, enable_gqa=True)
         else:
             seen = torch.arange(a + n, device=q.device)
             mask = seen[None, :] <= torch.arange(a, a + n, device=q.device)[:, None]

@@ -95,7 +95,7 @@ async def test_greedy_answers_are_what_generate_gives_while_mixed_prompts_join_m
     assert own.kv_cache_usage() == 0.0 and not own.decoding and own.prefilling is None
 
 
-def test_newcomers_prompts_are_prefilled_together_in_one_forward_and_answer_as_generate_does(
+def test_newcomers_prompts_share_one_forward_with_the_running_rows_decode_and_answer_as_generate_does(
     loaded: Any,
 ) -> None:
     model, tok = loaded
@@ -111,6 +111,10 @@ def test_newcomers_prompts_are_prefilled_together_in_one_forward_and_answer_as_g
         assert [s.rid for s in own.decoding] == ["0", "1"]
         assert own.prefilling is not None and (own.prefilling.rid, own.prefilling.cached) == ("2", 12)
         seqs = [*own.decoding, own.prefilling]
+        own.step()
+        # one forward again: the two running rows' decode and the third prompt's last 3 tokens
+        assert own.forwards == 2 and [s.rid for s in own.decoding] == ["0", "1", "2"]
+        assert [len(s.generated) for s in seqs] == [2, 2, 1]
         while own.decoding or own.prefilling is not None:
             own.step()
         assert [s.generated for s in seqs] == [reference(loaded, p, 6) for p in prompts]
