@@ -40,7 +40,7 @@ class GenerationSpec(ApiModel):
     max_new_tokens: int = Field(default=1024, ge=1, le=1_048_576, description="max_tokens a request may ask.")
     engine: Literal["auto", "own", "manager"] = Field(
         default="auto",
-        description="The loop that runs the model: own (slot-based KV cache; on the CPU 2.15x transformers"
+        description="The loop that runs the model: own (slot-based KV cache; on the CPU 2.03x transformers"
         " serve at 32 streams) or manager (transformers' ContinuousBatchingManager, paged); auto = own on the"
         " CPU, manager on a GPU (where the own engine is not measured yet).",
     )

@@ -89,7 +89,7 @@ def load(settings: Settings) -> tuple[GenerationEngine, object]:
 
 def engine_for(engine: str, device: str) -> str:
     """``--engine``, with ``auto`` resolved: the own engine on the CPU, where it is measured (make
-    bench-generate: 2.15x transformers serve at 32 streams), the manager on CUDA, where it is measured
+    bench-generate: 2.03x transformers serve at 32 streams), the manager on CUDA, where it is measured
     (make bench-gpu on an H200: greedy answers exact, 0.95-1.15x transformers serve) and the own engine
     is not yet."""
     if engine != "auto":
