@@ -31,9 +31,7 @@ def minilm_model(uri: str | None = None) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def crds(kube: Kube) -> None:
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
-    kube.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/modeldeployments.modeldeploy.io"
-    )
+    kube.api.wait_established("modeldeployments.modeldeploy.io")
 
 
 @pytest.fixture(scope="session")

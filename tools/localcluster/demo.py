@@ -250,9 +250,7 @@ def _plugin(demo: Demo, *args: str) -> None:
 def _install_operator(demo: Demo) -> None:
     """The CRDs, established, and the operator as a process of the cluster."""
     demo.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
-    demo.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/modeldeployments.modeldeploy.io"
-    )
+    demo.api.wait_established("modeldeployments.modeldeploy.io")
     demo.start_operator()
 
 

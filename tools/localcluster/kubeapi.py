@@ -15,6 +15,7 @@ ClusterIP as a URL (kube-proxy answers there, from the host and from pods).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,23 @@ class KubeAPI:
     def watch(self, path: str, resource_version: str, timeout_s: int = 60) -> Iterator[dict[str, Any]]:
         """Yield watch events (``{"type", "object"}``) until the server closes the stream."""
         return self.kube.watch(path, resource_version, timeout_s)
+
+    def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
+        """Until each CRD (by name) has condition Established True. Polled: ``kubectl wait
+        --for=condition=Established`` fails at once, instead of waiting, on a CRD whose status has no
+        conditions yet -- as right after it was created (``.status.conditions accessor error: <nil>``)."""
+        deadline = time.monotonic() + timeout
+        for name in crds:
+            while not _established(self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
+                                             ok_missing=True)):  # fmt: skip
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"CRD {name} not Established within {timeout:.0f}s")
+                time.sleep(0.2)
+
+
+def _established(crd: dict[str, Any] | None) -> bool:
+    conditions = ((crd or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 
 def ready_endpoints(api: KubeAPI, namespace: str, service: str) -> list[tuple[str, int]]:

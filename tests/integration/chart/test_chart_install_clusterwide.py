@@ -45,8 +45,8 @@ def release(kube: Any, helm: Helm) -> Iterator[Release]:
 
 
 def test_cluster_mode_reconciles_in_any_namespace(kube: Any, release: Release, namespace: str) -> None:
+    kube.api.wait_established(*CRDS)
     for crd in CRDS:
-        kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
         if release.crds_before[crd] is None:  # type: ignore[attr-defined]
             # installed by this helm install from the chart's crds/
             crd_obj = kube.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd}")

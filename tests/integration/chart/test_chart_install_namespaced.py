@@ -64,8 +64,7 @@ def release(kube: Any, helm: Helm) -> Iterator[Release]:
 def test_install_establishes_crds_and_runs_the_operator_with_the_chart_service_account(
     kube: Any, release: Release
 ) -> None:
-    for crd in CRDS:
-        kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
+    kube.api.wait_established(*CRDS)
     pod = wait_for(
         lambda: running_operator(kube, release), timeout=120, what="operator pod Running and Ready"
     )

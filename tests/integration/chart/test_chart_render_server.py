@@ -29,8 +29,9 @@ def prerequisites(kube: Any) -> Iterator[str]:
     namespaces the ci/ values name."""
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
     kube.kubectl("apply", "--server-side", "-f", str(Path(__file__).with_name("monitoring-crds.yaml")))
-    for crd in (*CRDS, "servicemonitors.monitoring.coreos.com", "podmonitors.monitoring.coreos.com"):
-        kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
+    kube.api.wait_established(
+        *CRDS, "servicemonitors.monitoring.coreos.com", "podmonitors.monitoring.coreos.com"
+    )
     named: set[str] = set()
     for p in CI_VALUES:
         named |= set((yaml.safe_load(p.read_text()) or {}).get("watchNamespaces") or [])

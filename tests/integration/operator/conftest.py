@@ -14,8 +14,9 @@ from md_cluster import REPO, Audit, OperatorProcess
 @pytest.fixture(scope="module")
 def crds(kube: Any) -> None:
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    for name in ("modeldeployments.modeldeploy.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
-        kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+    kube.api.wait_established(
+        "modeldeployments.modeldeploy.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"
+    )
 
 
 @pytest.fixture(scope="module")
