@@ -166,8 +166,9 @@ def _segments_attention(
     segments: list[tuple[int, int, int]],
     scaling: float | None,
 ) -> torch.Tensor:
-    """Prefill of several chunks in one row (query ``[1, H, N, d]``, the layer's whole cache as keys):
-    each chunk's queries attend causally to its own slot's positions up to its own; ``[1, N, H, d]``."""
+    """Several segments in one row (query ``[1, H, N, d]``, the layer's whole cache as keys): prompt chunks
+    and decode rows (segments of one token); each segment's queries attend causally to its own slot's
+    positions up to its own; ``[1, N, H, d]``."""
     outs, off = [], 0
     for s, a, n in segments:
         q = query[:, :, off : off + n]

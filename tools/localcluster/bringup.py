@@ -18,25 +18,11 @@ import httpx
 import yaml
 
 from . import clusterdns, config, podnet
-from .kubeapi import KubeAPI
+from .kubeapi import CRD_PATH, KubeAPI
 from .objectstore_config import s3_credentials
 from .pki import CertificateAuthority, KeyPair, service_account_keys
 from .starter import ClusterError, Starter
 from .state import ClusterRecord, Layout
-
-CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-
-
-def crds_established(api: KubeAPI, crd_path: str, names: Iterable[str]) -> bool:
-    """Whether every CustomResourceDefinition in ``names`` has condition Established=True."""
-    for name in names:
-        crd = api.get(f"{crd_path}/{name}") or {}
-        if not any(
-            c["type"] == "Established" and c["status"] == "True"
-            for c in (crd.get("status") or {}).get("conditions") or []
-        ):
-            return False
-    return True
 
 
 def _front_proxy(layout: Layout) -> tuple[Path, KeyPair]:
@@ -396,9 +382,7 @@ class BringUp:
             ),
             self.left(),
         )
-        starter.wait_for(
-            "kube-apiserver", lambda: crds_established(api, CRD_PATH, self.gateway_crds), self.left()
-        )
+        starter.wait_for("kube-apiserver", lambda: api.crds_established(*self.gateway_crds), self.left())
 
     def start_gateway(self) -> None:
         # The Gateway API data plane: after the CRDs (its informers need them), in the pod network.
@@ -442,7 +426,7 @@ class BringUp:
         (cert_dir / "tls.key").chmod(0o600)
 
         def established() -> bool:
-            return crds_established(api, CRD_PATH, crds)
+            return api.crds_established(*crds)
 
         self.starter.wait_for(
             "kube-apiserver", established, self.left()

@@ -25,6 +25,7 @@ from modeldeploy.kube import Kube, KubeError
 __all__ = ["KubeAPI", "KubeError", "ready_endpoints", "service_url"]
 
 USER_AGENT = "localcluster"
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 
 class KubeAPI:
@@ -60,22 +61,26 @@ class KubeAPI:
         """Yield watch events (``{"type", "object"}``) until the server closes the stream."""
         return self.kube.watch(path, resource_version, timeout_s)
 
-    def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
-        """Until each CRD (by name) has condition Established True. Polled: ``kubectl wait
-        --for=condition=Established`` fails at once, instead of waiting, on a CRD whose status has no
-        conditions yet -- as right after it was created (``.status.conditions accessor error: <nil>``)."""
-        deadline = time.monotonic() + timeout
+    def crds_established(self, *crds: str) -> bool:
+        """Whether every CustomResourceDefinition in ``crds`` (by name) has condition Established=True."""
         for name in crds:
-            while not _established(self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
-                                             ok_missing=True)):  # fmt: skip
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"CRD {name} not Established within {timeout:.0f}s")
-                time.sleep(0.2)
+            crd = self.get(f"{CRD_PATH}/{name}", ok_missing=True) or {}
+            if not any(
+                c.get("type") == "Established" and c.get("status") == "True"
+                for c in (crd.get("status") or {}).get("conditions") or []
+            ):
+                return False
+        return True
 
-
-def _established(crd: dict[str, Any] | None) -> bool:
-    conditions = ((crd or {}).get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+    def wait_established(self, *crds: str, timeout: float = 60.0) -> None:
+        """Until :meth:`crds_established`. Polled: ``kubectl wait --for=condition=Established`` fails at
+        once, instead of waiting, on a CRD whose status has no conditions yet -- as right after it was
+        created (``.status.conditions accessor error: <nil>``)."""
+        deadline = time.monotonic() + timeout
+        while not self.crds_established(*crds):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRDs {', '.join(crds)} not Established within {timeout:.0f}s")
+            time.sleep(0.2)
 
 
 def ready_endpoints(api: KubeAPI, namespace: str, service: str) -> list[tuple[str, int]]:
