@@ -84,6 +84,7 @@ class Sampling:
     top_k: int = 0  # 0 = off
     greedy: bool = False
     seed: int | None = None  # a sampled answer's own generator (the own engine only)
+    ignore_eos: bool = False  # vLLM's extension: run to max_tokens past EOS (fixed-length benchmarks)
 
     def processor_kwargs(self) -> dict[str, Any]:
         """The manager's per-request processor arguments (exact types: it refuses an int temperature)."""
@@ -126,6 +127,10 @@ def check(limits: Limits, prompt_tokens: int, max_tokens: int) -> None:
             f" {limits.context} tokens"
         )
 
+
+#: the EOS id of a request that ignores EOS: one no token has (transformers' manager reads a negative id as
+#: "no EOS"; so does modelserver.gen_own_engine). None would not do: the manager takes its default for it
+NO_EOS = -1
 
 #: put in a stream's queue when its seat is asked to yield (modelserver.gen_schedule)
 _PREEMPTED = object()
@@ -235,7 +240,7 @@ class GenerationEngine:
                 request_id=rid,
                 max_new_tokens=sampling.max_tokens - done,
                 streaming=True,
-                eos_token_id=self.eos_token_id,
+                eos_token_id=NO_EOS if sampling.ignore_eos else self.eos_token_id,
                 **extra,
             )
             if added is None:

@@ -84,9 +84,11 @@ class _Inbox:
 
 
 def _eos_set(eos: int | list[int] | None) -> frozenset[int]:
+    """The ids that end a sequence; a negative id is none (transformers' manager reads it so too, and
+    modelserver.gen_engine passes -1 for a request that ignores EOS)."""
     if eos is None:
         return frozenset()
-    return frozenset([eos] if isinstance(eos, int) else eos)
+    return frozenset(t for t in ([eos] if isinstance(eos, int) else eos) if t >= 0)
 
 
 #: a decode step attends row by row (each row over its own context) when its longest context is more than

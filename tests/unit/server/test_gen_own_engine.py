@@ -226,3 +226,20 @@ def test_engine_auto_is_the_own_loop_on_the_cpu_and_the_manager_on_cuda() -> Non
     assert engine_for("auto", "cuda") == "manager"
     assert engine_for("own", "cuda") == "own"
     assert engine_for("manager", "cpu") == "manager"
+
+
+async def test_ignore_eos_runs_a_greedy_answer_past_its_eos_to_max_tokens(
+    own: OwnEngine, loaded: Any
+) -> None:
+    """vLLM's ``ignore_eos``: the model's EOS (here its third greedy token, made the EOS) does not end it."""
+    _, tok = loaded
+    prompt = prompts_of(tok, [9])[0]
+    want = reference(loaded, prompt, 20)
+    assert len(want) == 20 and want[2] not in want[:2], "pick a prompt whose answer runs to 20"
+    limits = Limits(context=own.max_len, max_tokens=100, max_waiting=16, max_running=SLOTS)
+    engine = GenerationEngine(own, limits, want[2])
+    stopped = [s async for s in engine.stream(prompt, Sampling(20, greedy=True))]
+    assert [t for s in stopped for t in s.tokens] == want[:3] and stopped[-1].reason == "stop"
+    steps = [s async for s in engine.stream(prompt, Sampling(20, greedy=True, ignore_eos=True))]
+    assert [t for s in steps for t in s.tokens] == want
+    assert steps[-1].finished and steps[-1].reason == "length"

@@ -159,6 +159,20 @@ async def test_bad_requests_are_4xx_naming_the_field_and_the_server_keeps_servin
     assert ok.status_code == 200
 
 
+async def test_ignore_eos_runs_a_greedy_answer_past_its_eos_to_max_tokens(app, loaded) -> None:
+    """The manager too: the model's EOS (here its third greedy token, made the EOS) does not end it."""
+    _, tok = loaded
+    prompt = tok("The licensee may")["input_ids"]
+    want = greedy_reference(loaded, prompt, 20)
+    assert len(want) == 20 and want[2] not in want[:2], "pick a prompt whose answer runs to 20"
+    engine = GenerationEngine(app.engine.manager, app.engine.limits, want[2])
+    stopped = [s async for s in engine.stream(prompt, Sampling(20, greedy=True))]
+    assert [t for s in stopped for t in s.tokens] == want[:3] and stopped[-1].reason == "stop"
+    steps = [s async for s in engine.stream(prompt, Sampling(20, greedy=True, ignore_eos=True))]
+    assert [t for s in steps for t in s.tokens] == want
+    assert steps[-1].finished and steps[-1].reason == "length"
+
+
 async def test_past_the_waiting_bound_a_request_gets_429_with_retry_after(app) -> None:
     app.engine.limits = Limits(context=512, max_tokens=64, max_waiting=0)
     async with client(app) as c:
