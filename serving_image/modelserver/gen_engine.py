@@ -20,6 +20,9 @@ side by side, are in docs/server.md (``make bench-generate``). What the loops la
   ``seed``; the manager seeds one generator for all requests, so with it a ``seed`` for a sampled request
   is refused (greedy needs none).
 * **Counts** for the metrics: waiting (admitted, no token yet) and running sequences, KV cache use.
+* **Every stream ends**, and frees its place in the gate and its count: with its answer, with the error
+  output the loop sends for a sequence that failed, or -- when the loop stopped without one (its thread
+  died) -- with :class:`GenerationUnavailable` within :data:`LIVENESS_S`.
 
 * **Priorities, deadlines and preemption by recompute** (modelserver.gen_schedule): both loops schedule
   first-come first-served, so this engine hands them at most ``max_running`` sequences at a time, chosen
@@ -131,6 +134,10 @@ def check(limits: Limits, prompt_tokens: int, max_tokens: int) -> None:
 #: the EOS id of a request that ignores EOS: one no token has (transformers' manager reads a negative id as
 #: "no EOS"; so does modelserver.gen_own_engine). None would not do: the manager takes its default for it
 NO_EOS = -1
+
+#: seconds a stream waits for an output before it checks that the loop still runs
+LIVENESS_S = 1.0
+
 
 #: put in a stream's queue when its seat is asked to yield (modelserver.gen_schedule)
 _PREEMPTED = object()
@@ -246,7 +253,7 @@ class GenerationEngine:
             if added is None:
                 raise GenerationUnavailable("the generation engine refused the request (its loop stopped)")
             while not finished:
-                out = await queue.get()
+                out = await self._next(queue)
                 if out is _PREEMPTED:
                     return
                 if out.error:
@@ -259,6 +266,16 @@ class GenerationEngine:
             seat.on_preempt = None
             if not finished:
                 self._cancel(rid)
+
+    async def _next(self, queue: asyncio.Queue[Any]) -> Any:
+        """The stream's next output (or its preemption); :class:`GenerationUnavailable` when the loop has
+        stopped without sending one (an output that came meanwhile is read first)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LIVENESS_S):
+                    return await queue.get()
+            if queue.empty() and not self.manager.is_running():
+                raise GenerationUnavailable("the generation engine stopped before this answer's end")
 
     def _cancel(self, rid: str) -> None:
         """Free the sequence's cache blocks; its handler goes too (the manager keeps it otherwise)."""

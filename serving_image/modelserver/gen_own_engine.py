@@ -20,6 +20,13 @@ A step with no chunk is a decode forward alone, the rows ``[D, 1]`` (row by row 
 A finished or cancelled sequence leaves at the end of the step (cancel: at the next step, its slot is free
 at once); the last running sequence's cache moves into its slot, so the rows stay compact. Each row
 samples with its own settings and generator (modelserver.gen_sampling).
+
+**Every sequence ends with an answer or an error**, and a failure ends only the sequences it must: a row
+whose sampling raises ends alone (with an error output, its slot freed); a step that raises (its forward)
+ends the sequences in it -- the running rows and the prompt chunks it took from the queue, which then sit
+in neither :attr:`OwnEngine.decoding` nor :attr:`OwnEngine.prefilling` -- and the queue runs on. When the
+loop stops, whatever it still holds or has queued ends with an error, so no reader waits for an output
+that will never come (its place in modelserver.gen_engine's gate and counts are freed by that output).
 """
 
 from __future__ import annotations
@@ -65,6 +72,8 @@ class Sequence:
     sampling: RowSampling
     cached: int = 0  # positions written in the cache (running: every token but the last)
     sent: int = 0  # generated tokens already handed out
+    error: str | None = None  # its sampling raised: it ends with this error at the end of the step
+    ended: bool = False  # its last output (an answer or an error) is sent
 
     @property
     def generated(self) -> list[int]:
@@ -72,7 +81,14 @@ class Sequence:
 
     def done(self) -> bool:
         new = len(self.tokens) - self.prompt_len
-        return new >= self.max_new or (new > 0 and self.tokens[-1] in self.eos)
+        return self.error is not None or new >= self.max_new or (new > 0 and self.tokens[-1] in self.eos)
+
+    def take(self, token: int | Exception) -> None:
+        """The row's sampled token, or the exception its sampling raised (it then ends with an error)."""
+        if isinstance(token, Exception):
+            self.error = f"{type(token).__name__}: {token}"
+        else:
+            self.tokens.append(token)
 
 
 @dataclass
@@ -81,6 +97,7 @@ class _Inbox:
     added: list[Sequence] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     wake: threading.Event = field(default_factory=threading.Event)
+    closed: bool = False  # the loop has ended: nothing more is taken (add_request answers None)
 
 
 def _eos_set(eos: int | list[int] | None) -> frozenset[int]:
@@ -146,6 +163,7 @@ class OwnEngine:
         self.decoding: list[Sequence] = []  # row i = slot i
         self.prefilling: Sequence | None = None  # in slot len(decoding)
         self.queue: deque[Sequence] = deque()
+        self._stepping: list[Sequence] = []  # the sequences in the current step (what its failure ends)
         self.handlers: dict[str, tuple[Callable[[Any], None], asyncio.AbstractEventLoop]] = {}
         self._inbox = _Inbox()
         self._thread: threading.Thread | None = None
@@ -186,6 +204,8 @@ class OwnEngine:
             request_id, list(tokens), len(tokens), max_new_tokens, _eos_set(eos_token_id), sampling
         )
         with self._inbox.lock:
+            if self._inbox.closed:  # the loop ended since is_running(): nothing would answer it
+                return None
             self._inbox.added.append(seq)
         self._inbox.wake.set()
         return request_id
@@ -207,18 +227,24 @@ class OwnEngine:
 
     # -- the loop ----------------------------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stopping:
+        try:
+            while not self._stopping:
+                self._take_inbox()
+                if not self.decoding and self.prefilling is None and not self.queue:
+                    self._inbox.wake.wait(0.05)
+                    self._inbox.wake.clear()
+                    continue
+                try:
+                    with torch.inference_mode():
+                        self.step()
+                except Exception as e:  # a failed step ends its sequences, the loop goes on
+                    log.exception("generation step failed")
+                    self._fail_step(f"{type(e).__name__}: {e}")
+        finally:
+            with self._inbox.lock:
+                self._inbox.closed = True
             self._take_inbox()
-            if not self.decoding and self.prefilling is None and not self.queue:
-                self._inbox.wake.wait(0.05)
-                self._inbox.wake.clear()
-                continue
-            try:
-                with torch.inference_mode():
-                    self.step()
-            except Exception as e:  # a failed step fails its sequences, the loop goes on
-                log.exception("generation step failed")
-                self._fail_all(f"{type(e).__name__}: {e}")
+            self._fail_all("the generation engine stopped")
 
     def _take_inbox(self) -> None:
         with self._inbox.lock:
@@ -249,22 +275,48 @@ class OwnEngine:
             self.cache.move(last + 1, last, self.prefilling.cached)
 
     def _fail_all(self, error: str) -> None:
-        held = self.decoding + ([self.prefilling] if self.prefilling else []) + list(self.queue)
-        for s in held:
-            self._emit(s, Output(s.rid, s.generated, True, error))
-        self.decoding, self.prefilling = [], None
+        """The loop ends: every sequence it holds, runs or has queued ends with ``error``."""
+        held = [*self._stepping, *self.decoding, *([self.prefilling] if self.prefilling else []), *self.queue]
+        self.decoding, self.prefilling, self._stepping = [], None, []
         self.queue.clear()
+        self._fail(held, error)
+
+    def _fail_step(self, error: str) -> None:
+        """A step raised: the sequences in it (its running rows, its prompt chunks) end with ``error``; the
+        queue is not touched, and a prefilling sequence that was not in the step keeps its cache (moved to
+        slot 0, the running rows being gone)."""
+        failed = [s for s in self._stepping if not s.ended]
+        self._stepping = []
+        kept = self.prefilling if self.prefilling is not None and self.prefilling not in failed else None
+        if kept is not None and self.decoding:
+            try:
+                self.cache.move(len(self.decoding), 0, kept.cached)
+            except Exception:  # its cache is lost with the step: it ends too
+                log.exception("moving a prefilling sequence after a failed step failed")
+                failed.append(kept)
+                kept = None
+        failed += [s for s in self.decoding if s not in failed]
+        self.decoding, self.prefilling = [], kept
+        self._fail(failed, error)
+
+    def _fail(self, seqs: list[Sequence], error: str) -> None:
+        for s in seqs:
+            if not s.ended:  # once each (a sequence may be listed twice), never after its answer
+                self._send(s, Output(s.rid, s.generated, True, error))
 
     def step(self) -> None:
         """One forward: the running rows' decode and, within what is left of the step's token budget, as
         many newcomers' prompt chunks as it holds -- or the decode alone when nothing waits."""
         self.steps += 1
+        self._stepping = list(self.decoding)
         chunks = self._chunks(self.max_batch_tokens - len(self.decoding))
+        self._stepping += [seq for seq, _ in chunks]  # popped from the queue: held by this step alone
         if chunks:
             self._prefill(chunks)
         elif self.decoding:
             self._decode()
         self._finish()
+        self._stepping = []
 
     def _chunks(self, budget: int) -> list[tuple[Sequence, int]]:
         """The step's prefill: the sequence whose prompt is half in first, then newcomers in arrival order
@@ -310,7 +362,7 @@ class OwnEngine:
         logits = self._forward(ids, pos[:, None], self.cache.for_decode(pos), slot_rows=rows_ctx)[:, -1]
         for s, t in zip(rows, next_tokens(logits, [s.sampling for s in rows]), strict=True):
             s.cached += 1
-            s.tokens.append(t)
+            s.take(t)
 
     def _prefill(self, chunks: list[tuple[Sequence, int]]) -> None:
         """One forward over the running rows' last tokens (their decode step) and the chunks, laid end to
@@ -333,7 +385,7 @@ class OwnEngine:
         )[0]  # fmt: skip
         for s, t in zip(rows, next_tokens(logits[:d], [s.sampling for s in rows]), strict=True):
             s.cached += 1
-            s.tokens.append(t)
+            s.take(t)
         self.prefilling = None
         done: list[tuple[int, Sequence]] = []
         for i, (seq, n) in enumerate(chunks):
@@ -345,7 +397,7 @@ class OwnEngine:
         if done:
             at = torch.tensor([i for i, _ in done], device=self.device)
             for (_, seq), t in zip(done, next_tokens(logits[at], [s.sampling for _, s in done]), strict=True):
-                seq.tokens.append(t)
+                seq.take(t)  # one whose sampling raised joins too: _finish ends it and frees its slot
                 self.decoding.append(seq)
 
     def _finish(self) -> None:
@@ -357,16 +409,19 @@ class OwnEngine:
             done = s.done() or s.cached >= self.max_len
             if len(s.tokens) - s.prompt_len > s.sent or done:
                 s.sent = len(s.tokens) - s.prompt_len
-                outputs.append((s, Output(s.rid, s.generated, done)))
+                outputs.append((s, Output(s.rid, s.generated, done, s.error)))
             if done:
                 self._free(i)
         for s, out in reversed(outputs):
-            self._emit(s, out)
-            if out.finished:
-                self.handlers.pop(s.rid, None)
+            self._send(s, out)
 
-    def _emit(self, seq: Sequence, out: Output) -> None:
-        entry = self.handlers.get(seq.rid)
+    def _send(self, seq: Sequence, out: Output) -> None:
+        """Hand ``out`` to the sequence's handler; a finished one is its last (the handler goes)."""
+        if out.finished:
+            seq.ended = True
+            entry = self.handlers.pop(seq.rid, None)
+        else:
+            entry = self.handlers.get(seq.rid)
         if entry is not None:
             handler, loop = entry
             with contextlib.suppress(RuntimeError):  # the loop closed

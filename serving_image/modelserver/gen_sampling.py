@@ -3,6 +3,11 @@
 Greedy rows take the highest logit (``argmax``, as ``generate(do_sample=False)``); sampled rows divide by
 their temperature, keep their top-k and top-p (nucleus) and draw from their own ``torch.Generator`` -- a
 request's ``seed`` makes its sampled answer reproducible whatever else runs beside it.
+
+Whatever a request's settings, a sampled row keeps at least its most likely token (as transformers'
+``min_tokens_to_keep=1`` and vLLM): a ``top_p`` that is 0 in float32 (``1e-46`` passes a ``> 0`` check) would
+otherwise filter every token out. A row whose distribution is still not one (non-finite logits) takes its
+most likely token; and a row whose sampling raises fails alone (:func:`next_tokens`), never its batch.
 """
 
 from __future__ import annotations
@@ -35,26 +40,40 @@ class RowSampling:
 
 
 def filtered(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """``logits`` (1-D) with what top-k and top-p leave out set to -inf (pure)."""
+    """``logits`` (1-D) with what top-k and top-p leave out set to -inf; the most likely token always stays
+    (pure)."""
     out = logits
     if 0 < top_k < out.shape[-1]:
         kth = torch.topk(out, top_k).values[-1]
         out = out.masked_fill(out < kth, float("-inf"))
     if top_p < 1.0:
         ordered, idx = torch.sort(out, descending=True)
-        cum = torch.softmax(ordered, dim=-1).cumsum(-1)
-        drop = cum - torch.softmax(ordered, dim=-1) >= top_p  # keep the smallest set reaching top_p
+        probs = torch.softmax(ordered, dim=-1)
+        drop = probs.cumsum(-1) - probs >= top_p  # keep the smallest set reaching top_p ...
+        drop[..., 0] = False  # ... and never less than the first: a top_p that rounds to 0 keeps it
         out = out.scatter(-1, idx, ordered.masked_fill(drop, float("-inf")))
     return out
 
 
-def next_tokens(logits: torch.Tensor, rows: list[RowSampling]) -> list[int]:
-    """One token per row of ``logits`` ``[B, vocab]``."""
-    chosen = logits.argmax(dim=-1)
+def sample(logits: torch.Tensor, r: RowSampling) -> int:
+    """One token of a sampled row (``logits`` 1-D); its most likely token where its filtered logits make no
+    distribution (NaN or infinite logits: ``multinomial`` would raise, or on a GPU assert)."""
+    probs = torch.softmax(filtered(logits.float() / max(r.temperature, 1e-5), r.top_k, r.top_p), dim=-1)
+    total = float(probs.sum())  # a NaN or inf anywhere makes the sum so: one reduction, no check per token
+    if not 0.0 < total < float("inf"):
+        return int(logits.argmax())
+    return int(torch.multinomial(probs, 1, generator=r.generator)[0])
+
+
+def next_tokens(logits: torch.Tensor, rows: list[RowSampling]) -> list[int | Exception]:
+    """One token per row of ``logits`` ``[B, vocab]``, or the exception that row's sampling raised: a row
+    fails alone, its batch goes on (modelserver.gen_own_engine ends only that row's sequence)."""
+    chosen: list[int | Exception] = list(logits.argmax(dim=-1).tolist())
     for i, r in enumerate(rows):
         if r.greedy:
             continue
-        row = filtered(logits[i].float() / max(r.temperature, 1e-5), r.top_k, r.top_p)
-        probs = torch.softmax(row, dim=-1)
-        chosen[i] = torch.multinomial(probs, 1, generator=r.generator)[0]
-    return [int(t) for t in chosen.tolist()]
+        try:
+            chosen[i] = sample(logits[i], r)
+        except Exception as e:  # a bad row's settings must not fail the batch's other rows
+            chosen[i] = e
+    return chosen
