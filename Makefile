@@ -22,7 +22,7 @@ help:
 	@echo "make bench-generate  text generation: modelserver vs transformers serve (CB and naive) vs the decode limit"
 	@echo "make bench-gpu       the server's GPU path (needs CUDA): encoders fp16, generation exactness, 0.8 B Llama vs transformers serve"
 	@echo "make bench-storage   model fetch from the local S3 vs plain boto3; pod-Ready cold vs node cache"
-	@echo "make bench-chaos     fault injection on the local cluster: what clients saw, time to resume"
+	@echo "make bench-chaos     fault injection on the local cluster: what clients saw, time to resume; the generation soak"
 	@echo "make bench-judge     the statistical judge on the local cluster: false positives (identical) and power (30 % slower)"
 	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
 	@echo "make rehearsal   the fresh-machine rehearsal: .ci/run on a clone of main with empty Go and binary caches"
@@ -137,11 +137,13 @@ bench-serving: venv
 bench-serving-shadow: venv
 	$(PY) -m bench.serving_shadow
 
-# text generation vs transformers serve (its openai and accelerate dependencies are installed here, for the bench only)
+# text generation vs transformers serve (its openai and accelerate dependencies are installed here, for the bench
+# only), then guidellm as the load generator against the same servers (it installs beside the venv's pins)
 bench-generate: venv
-	$(PY) -m pip install --quiet "openai==3.60.0" "accelerate==1.15.0"
+	$(PY) -m pip install --quiet "openai==3.60.0" "accelerate==1.15.0" "guidellm==0.8.1"
 	$(PY) -m bench.generate
 	taskset -c $$(( $$(nproc) - 1 )) env OMP_NUM_THREADS=1 $(PY) -m bench.generate_bound
+	$(PY) -m bench.gen_guidellm
 
 # the server's GPU path; needs a CUDA machine (exits 2 without one): bench/results/gpu.{json,md}
 bench-gpu: venv
@@ -160,9 +162,11 @@ bench-canary: deps
 bench-storage: deps
 	$(PY) -m bench.storage
 
-# fault injection (tests/chaos/ and tests/e2e/test_verdict.py), figures into bench/results/chaos.json
+# fault injection (tests/chaos/ and tests/e2e/test_verdict.py), figures into bench/results/chaos.json; then
+# the generation server's 10-minute soak under hostile traffic, into bench/results/gen_soak.json
 bench-chaos: deps
 	$(PY) -m bench.chaos
+	$(PY) -m bench.gen_soak --duration-s 600
 
 crds: venv
 	$(PY) -m modeldeploy.crdgen > crds/modeldeployment.yaml

@@ -140,3 +140,75 @@ def wait(pred, timeout: float = 20.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("condition not met in time")
+
+
+# -- text generation: a tiny Llama (localcluster.genmodel, random weights, built offline) ----------------
+
+#: the name a generation server serves its model under in these tests
+GEN_MODEL = "tiny"
+
+
+def tiny_llama_dir() -> Path:
+    from localcluster import genmodel
+
+    return genmodel.cached(seed=0, size="test")
+
+
+def start_gen_server(log_path: Path, extra: list[str]) -> ServerProcess:
+    """A generation server (own engine, one torch thread) for the tiny Llama, started and ready; the caller
+    stops it. ``extra``: its sizes (KV cache, slots, limits)."""
+    srv = ServerProcess(
+        ["--model-uri", f"file://{tiny_llama_dir()}", "--engine", "own", "--num-threads", "1", *extra],
+        log_path,
+        name=GEN_MODEL,
+    )
+    try:
+        srv.wait_ready()
+    except BaseException:
+        srv.stop()
+        raise
+    return srv
+
+
+@pytest.fixture(scope="session")
+def gen_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One tiny-Llama generation server for the session's client tests. Two running and two waiting
+    sequences at most, so that a test can fill it and see the 429 a real client gets."""
+    log = tmp_path_factory.mktemp("gen") / "server.log"
+    srv = start_gen_server(
+        log,
+        ["--kv-cache-tokens", "1024", "--max-context-tokens", "512", "--max-new-tokens", "400",
+         "--max-running-sequences", "2", "--max-waiting-sequences", "2"],
+    )  # fmt: skip
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def gen_metric(srv: ServerProcess, name: str, **labels: str) -> float:
+    """One series (summed over the other labels) of a server's /metrics."""
+    from localcluster.promtext import sample_sum
+
+    return sample_sum(httpx.get(srv.url + "/metrics", timeout=10).text, name, **labels)
+
+
+def openai_error(response: httpx.Response) -> dict:
+    """The ``error`` object of a refusal, held to OpenAI's shape (what its SDKs read: ``message`` goes into
+    the exception's text, ``param`` names the field at fault)."""
+    doc = response.json()
+    assert isinstance(doc, dict), response.text[:300]
+    err = doc.get("error")
+    assert isinstance(err, dict), f"not OpenAI's error shape: {response.text[:300]}"
+    assert isinstance(err.get("message"), str) and err["message"], response.text[:300]
+    assert isinstance(err.get("type"), str) and err["type"], response.text[:300]
+    assert "param" in err and "code" in err, response.text[:300]
+    assert err["param"] is None or isinstance(err["param"], str), response.text[:300]
+    return err
+
+
+def top_field(param: str | None) -> str | None:
+    """``messages`` of ``messages.0.role`` or ``messages[0].role``: the request field a param names."""
+    if param is None:
+        return None
+    return param.replace("[", ".").split(".", 1)[0]
