@@ -23,6 +23,9 @@ side by side, are in docs/server.md (``make bench-generate``). What the loops la
 * **Every stream ends**, and frees its place in the gate and its count: with its answer, with the error
   output the loop sends for a sequence that failed, or -- when the loop stopped without one (its thread
   died) -- with :class:`GenerationUnavailable` within :data:`LIVENESS_S`.
+* **A reader that does not read holds one output**, not one per step: outputs are cumulative (each carries
+  all the attempt's tokens, in both loops), so a stream keeps only the latest (:class:`_Latest`); queueing
+  each would hold the square of the answer's length (~67 MB for a 4k-token answer of a stalled client).
 
 * **Priorities, deadlines and preemption by recompute** (modelserver.gen_schedule): both loops schedule
   first-come first-served, so this engine hands them at most ``max_running`` sequences at a time, chosen
@@ -139,8 +142,22 @@ NO_EOS = -1
 LIVENESS_S = 1.0
 
 
-#: put in a stream's queue when its seat is asked to yield (modelserver.gen_schedule)
-_PREEMPTED = object()
+class _Latest:
+    """A stream's latest output from the loop (outputs are cumulative: the latest has every token of the
+    earlier ones) and whether its seat was asked to yield (modelserver.gen_schedule)."""
+
+    def __init__(self) -> None:
+        self.output: Any = None
+        self.preempted = False
+        self.ready = asyncio.Event()
+
+    def put(self, output: Any) -> None:
+        self.output = output
+        self.ready.set()
+
+    def preempt(self) -> None:
+        self.preempted = True
+        self.ready.set()
 
 
 class GenerationEngine:
@@ -233,9 +250,9 @@ class GenerationEngine:
         if seat.asked_to_yield:  # chosen as a victim between its admission and this attempt
             return
         rid = f"g{next(self._ids)}"
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        self.manager.register_result_handler(rid, queue.put_nowait)
-        seat.on_preempt = lambda: queue.put_nowait(_PREEMPTED)
+        latest = _Latest()
+        self.manager.register_result_handler(rid, latest.put)
+        seat.on_preempt = latest.preempt
         finished = False
         sent = 0
         extra = sampling.processor_kwargs()
@@ -253,28 +270,32 @@ class GenerationEngine:
             if added is None:
                 raise GenerationUnavailable("the generation engine refused the request (its loop stopped)")
             while not finished:
-                out = await self._next(queue)
-                if out is _PREEMPTED:
+                await self._next(latest)
+                latest.ready.clear()
+                out = latest.output
+                if out is not None:
+                    if out.error:
+                        raise ServerError(f"generation failed: {out.error}")
+                    finished = out.is_finished()
+                    if len(out.generated_tokens) > sent or finished:
+                        new = list(out.generated_tokens[sent:])
+                        sent += len(new)
+                        yield new, finished
+                if latest.preempted and not finished:
                     return
-                if out.error:
-                    raise ServerError(f"generation failed: {out.error}")
-                tokens_now = list(out.generated_tokens)
-                finished = out.is_finished()
-                new, sent = tokens_now[sent:], len(tokens_now)
-                yield new, finished
         finally:
             seat.on_preempt = None
             if not finished:
                 self._cancel(rid)
 
-    async def _next(self, queue: asyncio.Queue[Any]) -> Any:
-        """The stream's next output (or its preemption); :class:`GenerationUnavailable` when the loop has
-        stopped without sending one (an output that came meanwhile is read first)."""
-        while True:
+    async def _next(self, latest: _Latest) -> None:
+        """Wait for the stream's next output (or its preemption); :class:`GenerationUnavailable` when the
+        loop has stopped without sending one (an output that came meanwhile is read first)."""
+        while not latest.ready.is_set():
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(LIVENESS_S):
-                    return await queue.get()
-            if queue.empty() and not self.manager.is_running():
+                    await latest.ready.wait()
+            if not latest.ready.is_set() and not self.manager.is_running():
                 raise GenerationUnavailable("the generation engine stopped before this answer's end")
 
     def _cancel(self, rid: str) -> None:

@@ -1,10 +1,12 @@
 """Faults in text generation on the small Llama (modelserver.gen_own_engine, gen_sampling, gen_engine): one
 request's settings or one row's failure ends only what it must; every stream ends, with its answer or an
-error, and frees its slot, its place in the gate and its count; the engine keeps serving."""
+error, and frees its slot, its place in the gate and its count; the engine keeps serving; and a reader that
+does not read holds one output, not one per step."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,7 +16,7 @@ import torch
 from modelserver import gen_sampling
 from modelserver.errors import ServerError
 from modelserver.gen_engine import GenerationEngine, GenerationUnavailable, Limits, Sampling
-from modelserver.gen_own_engine import OwnEngine, build_own_engine
+from modelserver.gen_own_engine import Output, OwnEngine, build_own_engine
 from modelserver.gen_sampling import RowSampling, filtered, next_tokens
 
 SLOTS, KV_TOKENS, BUDGET = 3, 3 * 160, 24  # slots of 160 tokens; 24 tokens per step
@@ -234,6 +236,31 @@ async def test_stopping_the_engine_ends_every_stream_running_or_queued(own: OwnE
     assert all(isinstance(r, ServerError) for r in got), got
     assert (engine.waiting, engine.running) == (0, 0) and not engine.gate.running
     assert own.add_request([1, 2], "late", 3) is None
+
+
+async def test_a_reader_that_does_not_read_holds_one_output_not_one_per_step(
+    own: OwnEngine, loaded: Any
+) -> None:
+    """Every step's output carries all the tokens so far: queueing each for a stalled reader would hold
+    n^2/2 tokens for an n-token answer."""
+    _, tok = loaded
+    engine = engine_of(own, None)  # no EOS: the answer runs to its length
+    prompt = prompts_of(tok, [8])[0]
+    n = own.max_len - len(prompt)
+    steps = engine.stream(prompt, Sampling(n, greedy=True))
+    first = await anext(steps)
+    # the reader stops reading; the loop generates the rest of the answer
+    await until(lambda: not own.decoding and not own.handlers, "the answer generated")
+    for _ in range(5):
+        await asyncio.sleep(0.01)  # the outputs' callbacks, on this loop, have run
+    gc.collect()
+    held = [o for o in gc.get_objects() if type(o) is Output]
+    tokens = sum(len(o.generated_tokens) for o in held)
+    # the latest output and the one the reader last took: O(n), where one per step would be ~n^2/2
+    assert tokens <= 2 * n, f"{len(held)} outputs hold {tokens} tokens for an answer of {n}"
+    rest = [t async for step in steps for t in step.tokens]
+    assert len(first.tokens + rest) == n
+    await settled(engine, own)
 
 
 # -- GenerationEngine over a loop that dies (transformers' manager: its thread can die) --------------------
