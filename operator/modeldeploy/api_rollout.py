@@ -16,8 +16,10 @@ from .api_base import (
     Quantity,
     cel_rule,
     cel_validations,
+    check_http_url,
     check_quantity,
     default_of,
+    http_url_extra,
     parse_duration,
 )
 
@@ -343,14 +345,18 @@ NotificationType = Literal[
 ]
 
 
+WEBHOOK_URL_FIELD = "spec.rollout.notifications[].url"
+
+
 class WebhookSpec(ApiModel):
     """A receiver of this ModelDeployment's rollout events (never in the rollout's way)."""
 
     url: str = Field(
         max_length=2048,
-        pattern=r"^https?://[^/@\s]+(/\S*)?$",
-        description="POSTed to for each event; signed (X-ModelDeploy-Signature-256) when the operator has a "
-        "signing key. No credentials in the URL.",
+        description="POSTed to for each event; signed (X-ModelDeploy-Timestamp, "
+        "X-ModelDeploy-Signature-256) when the operator has a signing key. http(s), a host, a port from 1 "
+        "to 65535 if any, no credentials.",
+        json_schema_extra=http_url_extra(WEBHOOK_URL_FIELD),
     )
     format: Literal["json", "slack", "cloudevents"] = Field(
         default="json", description="json, a Slack-compatible {text}, or CloudEvents 1.0 (structured)."
@@ -372,12 +378,20 @@ class WebhookSpec(ApiModel):
         ),
     )
 
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return check_http_url(value, WEBHOOK_URL_FIELD)
+
     @field_validator("timeout")
     @classmethod
     def _timeout(cls, value: str) -> str:
         if parse_duration(value) > 30:
             raise ValueError("spec.rollout.notifications[].timeout must be at most 30s")
         return value
+
+
+GATE_URL_FIELD = "spec.rollout.gates.beforeFirstStep/beforePromotion.url"
 
 
 GATE_TIMEOUT_MESSAGE = "spec.rollout.gates.beforeFirstStep/beforePromotion.timeout must be at most 30s"
@@ -389,9 +403,10 @@ class GateSpec(ApiModel):
 
     url: str = Field(
         max_length=2048,
-        pattern=r"^https?://[^/@\s]+(/\S*)?$",
         description="POSTed to ({namespace, name, revision, gate}); 200 opens the gate, anything else keeps "
-        "it closed. Host in --notification-allowed-hosts, when set. No credentials in the URL.",
+        "it closed. Host in --notification-allowed-hosts, when set. http(s), a host, a port from 1 to 65535 "
+        "if any, no credentials.",
+        json_schema_extra=http_url_extra(GATE_URL_FIELD),
     )
     timeout: Duration = Field(
         default="5s",
@@ -400,6 +415,11 @@ class GateSpec(ApiModel):
             cel_rule("duration(self) <= duration('30s')", GATE_TIMEOUT_MESSAGE)
         ),
     )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return check_http_url(value, GATE_URL_FIELD)
 
     @field_validator("timeout")
     @classmethod

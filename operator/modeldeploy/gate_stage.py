@@ -13,7 +13,9 @@ connection, a host not allowed) keeps it closed, and it is asked again every few
 (:mod:`modeldeploy.gates` asks, off the reconcile path; :class:`rollout_types.Gates` hands the newest
 answer in). A closed gate never fails or rolls back anything by itself; ``kubectl modeldeploy promote
 [--full]`` and ``abort`` go past it. ``status.gate`` says which gate is waited for, at which host, since
-when and what it last answered (the Progressing condition's reason is ``WaitingForGate``)."""
+when and what it last answered -- the class of it only (``HTTP 403``, or the one text of every failure to
+get an HTTP answer: the author reads it, the operator's network position is not theirs) -- and the
+Progressing condition's reason is ``WaitingForGate``."""
 
 from __future__ import annotations
 

@@ -8,11 +8,18 @@ background when that answer is older than ``refresh`` seconds -- one ask per gat
 owner through ``on_done(namespace, name)``.
 
 An ask is a POST of ``{"namespace", "name", "revision", "gate"}`` (JSON; signed like the notifications
-when the operator has a signing key) with the gate's ``timeout`` as its total deadline (connect to the
-answer's status line), no redirects, the answer's body not read. Exactly 200 opens the gate; anything else
--- another status (a 204 or a 302 included), no answer in time, a refused connection -- keeps it closed,
-with a one-line reason. A gate whose host is not in ``--notification-allowed-hosts`` (when set) is
-closed without being asked. A gate that hangs costs its own rollout a wait, and nothing else.
+when the operator has a signing key, with the purpose ``gate``, so a captured notification never verifies
+as an ask) with the gate's ``timeout`` as its total deadline (connect to the answer's status line), no
+redirects, the answer's body not read. Exactly 200 opens the gate; anything else keeps it closed, with a
+one-line reason that lands in the author's status and Events.
+
+That reason is the class of the failure only: ``HTTP <status>`` when the gate answered, else one and the
+same :func:`unreachable` text for a refused connection, a timeout, a DNS or TLS failure, told no sooner
+than the timeout. The operator asks from its own network position, so an errno text ("connection
+refused" here, a timeout there) or how soon it came would make gates a port scanner for the author; the
+detail goes to the operator's log only (docs/security.md, finding 8). A gate whose host is not in
+``--notification-allowed-hosts`` (when set), or whose URL does not parse (stored before the CRD refused
+it), is closed without being asked. A gate that hangs costs its own rollout a wait, and nothing else.
 """
 
 from __future__ import annotations
@@ -27,14 +34,19 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from .api import GateName
-from .api_base import url_origin
+from .api_base import url_origin, url_unparsable
 from .loop_thread import LoopThread
-from .notify import SIGNATURE_HEADER, host_allowed, namespace_key, post, signature
+from .notify import host_allowed, namespace_key, post, signed_headers
 from .rollout_types import GateAnswer
 
 log = logging.getLogger(__name__)
 
 Slot = tuple[str, str, str, str, str, float]  # (namespace, name, revision, gate, url, timeout)
+
+
+def unreachable(timeout: float) -> str:
+    """A closed gate's reason when no HTTP answer came, whatever the cause."""
+    return f"gate unreachable: no HTTP answer within {timeout:g}s (the operator's log says why)"
 
 
 @dataclass
@@ -84,7 +96,10 @@ class GateAsker:
         self, namespace: str, name: str, revision: str, gate: GateName, url: str, timeout: float
     ) -> GateAnswer | None:
         """The newest answer (None before the first, or when older than ``max_age``); asked again in the
-        background when older than ``refresh``. Never waits."""
+        background when older than ``refresh``. Never waits, never raises."""
+        unparsable = url_unparsable(url)
+        if unparsable is not None:
+            return GateAnswer(False, f"spec.rollout.gates.{gate}.url does not parse: {unparsable}")
         if not host_allowed(url, self.allowed_hosts):
             return GateAnswer(False, f"host {url_origin(url)} is not allowed (--notification-allowed-hosts)")
         slot: Slot = (namespace, name, revision, gate, url, timeout)
@@ -110,9 +125,15 @@ class GateAsker:
 
     async def _ask(self, slot: Slot) -> None:
         namespace, name, revision, gate, url, timeout = slot
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             async with self._limit:
                 answer = await self._post(namespace, name, revision, gate, url, timeout)
+            if answer.reason == unreachable(timeout):
+                # a refused connection is told no sooner than a timeout, so when the answer lands tells
+                # no more than what it says (outside the limit: a slot is not held for the wait)
+                await asyncio.sleep(max(0.0, started + timeout - loop.time()))
         finally:
             with self._lock:
                 self._running.pop(slot, None)
@@ -133,9 +154,12 @@ class GateAsker:
         data = json.dumps({"namespace": namespace, "name": name, "revision": revision, "gate": gate}).encode()
         headers = {"Content-Type": "application/json", "User-Agent": "modeldeploy-operator"}
         if self.signing_key is not None:
-            headers[SIGNATURE_HEADER] = signature(namespace_key(self.signing_key, namespace), data)
+            headers.update(signed_headers(namespace_key(self.signing_key, namespace), "gate", data))
         status, why = await post(url, data, headers, timeout)
-        return GateAnswer(status == 200, why)
+        if status is None:  # the detail (errno, TLS, DNS) for the operator's log only
+            log.info("gate %s of %s/%s (%s): no HTTP answer: %s", gate, namespace, name, url_origin(url), why)
+            return GateAnswer(False, unreachable(timeout))
+        return GateAnswer(status == 200, f"HTTP {status}")
 
     def _forget_old(self) -> None:
         """With the lock held: drop answers nobody asked for within ``max_age`` (bounded memory)."""

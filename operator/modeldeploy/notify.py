@@ -6,10 +6,13 @@
   webhook's ``format``: ``json`` (our document), ``slack`` (an incoming-webhook ``text``), or
   ``cloudevents`` (CloudEvents 1.0, structured JSON mode).
 * **Signed**: with the operator's signing key (a mounted Secret, ``--notification-signing-key-file``),
-  each body carries ``X-ModelDeploy-Signature-256: sha256=<hex HMAC-SHA256 of the body>`` under a key
-  derived for the ModelDeployment's namespace (:func:`namespace_key`; ``kubectl modeldeploy
-  notification-key`` prints it for a team): a team can check what it receives and cannot sign for
-  another namespace. The operator reads no Secret through the API (docs/security.md).
+  each POST carries ``X-ModelDeploy-Timestamp: <unix seconds>`` and ``X-ModelDeploy-Signature-256:
+  v1=<hex HMAC-SHA256 of "<timestamp>.<purpose>.<body>">`` (:func:`signed_headers`; purpose
+  ``notification`` here, ``gate`` for a gate's ask) under a key derived for the ModelDeployment's
+  namespace (:func:`namespace_key`; ``kubectl modeldeploy notification-key`` prints it for a team): a
+  team can check what it receives (:func:`verify`, the receiver's side, docs/security.md), cannot sign for
+  another namespace, and refuses a capture replayed after :data:`TOLERANCE` or presented as the other
+  purpose. The operator reads no Secret through the API (docs/security.md).
 * **Never in the way** (I/O): :class:`Notifier` queues deliveries for a thread of its own (a bounded
   queue; when full, a delivery is dropped and counted) and returns at once; each delivery is tried up
   to ``attempts`` times with exponential backoff, each try bounded by the webhook's ``timeout`` (connect
@@ -17,7 +20,9 @@
   500 or hangs costs its own deliveries and nothing else. Counted in
   ``modeldeploy_notifications_total{result}``.
 * **Where**: a webhook whose host matches none of ``--notification-allowed-hosts`` (when set) is refused,
-  counted (``result="refused"``) and logged: the operator's network position is not the author's.
+  counted (``result="refused"``) and logged: the operator's network position is not the author's. So is a
+  URL that does not parse (one stored before the CRD refused it): it is never sent to, and the other
+  webhooks are served as usual.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -41,7 +46,7 @@ import aiohttp
 
 from . import metrics
 from .api import WebhookSpec, parse_duration
-from .api_base import url_origin
+from .api_base import url_origin, url_unparsable
 from .api_rollout import NotificationType
 from .loop_thread import LoopThread
 
@@ -63,7 +68,15 @@ BY_REASON: dict[str, NotificationType] = {
     "FallbackDeactivated": "FallbackOff",
 }
 SIGNATURE_HEADER = "X-ModelDeploy-Signature-256"
+TIMESTAMP_HEADER = "X-ModelDeploy-Timestamp"
 SOURCE = "modeldeploy"
+
+#: what a signed POST is, signed with it: a notification's signature never verifies as a gate's ask
+Purpose = Literal["notification", "gate"]
+
+#: how far (seconds) a receiver lets a signature's timestamp be from its own clock, either way (Stripe's
+#: and Standard Webhooks' default): a capture is refused once older, and the operator signs each try anew
+TOLERANCE = 300.0
 
 
 @dataclass(frozen=True)
@@ -144,8 +157,38 @@ def namespace_key(master: bytes, namespace: str) -> bytes:
     return hmac.new(master, b"modeldeploy-notifications:" + namespace.encode(), hashlib.sha256).digest()
 
 
-def signature(key: bytes, data: bytes) -> str:
-    return "sha256=" + hmac.new(key, data, hashlib.sha256).hexdigest()
+def _mac(key: bytes, timestamp: str, purpose: str, data: bytes) -> str:
+    signed = f"{timestamp}.{purpose}.".encode() + data
+    return hmac.new(key, signed, hashlib.sha256).hexdigest()
+
+
+def signed_headers(key: bytes, purpose: Purpose, data: bytes, now: float | None = None) -> dict[str, str]:
+    """The headers that sign ``data`` as ``purpose`` at ``now`` (default: the wall clock, which the
+    receiver compares with its own)."""
+    timestamp = str(int(time.time() if now is None else now))
+    return {TIMESTAMP_HEADER: timestamp, SIGNATURE_HEADER: "v1=" + _mac(key, timestamp, purpose, data)}
+
+
+def verify(
+    key: bytes,
+    purpose: Purpose,
+    headers: Mapping[str, str],
+    data: bytes,
+    now: float | None = None,
+    tolerance: float = TOLERANCE,
+) -> bool:
+    """The receiver's check (docs/security.md shows it without this package): ``data`` was signed with
+    ``key`` as ``purpose`` (a gate endpoint passes ``"gate"``) within ``tolerance`` seconds of ``now``.
+    ``headers`` as received, any case. Not a replay cache: a receiver that must act once per POST also
+    remembers the signatures it took within the tolerance."""
+    lower = {k.lower(): v for k, v in headers.items()}
+    timestamp = lower.get(TIMESTAMP_HEADER.lower(), "")
+    given = lower.get(SIGNATURE_HEADER.lower(), "")
+    if not timestamp.isdigit() or not given.startswith("v1="):
+        return False
+    if abs((time.time() if now is None else now) - int(timestamp)) > tolerance:
+        return False
+    return hmac.compare_digest(given[3:], _mac(key, timestamp, purpose, data))
 
 
 def notification_for(
@@ -159,7 +202,10 @@ def notification_for(
 
 
 def host_allowed(url: str, patterns: Sequence[str]) -> bool:
-    """Whether ``url``'s host matches one of ``patterns`` (fnmatch, case-insensitive); none: any host."""
+    """Whether ``url``'s host matches one of ``patterns`` (fnmatch, case-insensitive); none: any host.
+    Never raises: a URL that does not parse has no host to allow, whatever the patterns."""
+    if url_unparsable(url) is not None:
+        return False
     host = (urlsplit(url).hostname or "").lower()
     return not patterns or any(fnmatch.fnmatchcase(host, p.lower()) for p in patterns)
 
@@ -230,6 +276,11 @@ class Notifier:
         for hook in hooks:
             if not wanted(hook, n.type):
                 continue
+            unparsable = url_unparsable(hook.url)
+            if unparsable is not None:  # stored before the CRD refused it: never sent to, never raised
+                metrics.NOTIFICATIONS.labels(result="refused").inc()
+                log.warning("notifications: not sent to a webhook URL that does not parse (%s)", unparsable)
+                continue
             if not host_allowed(hook.url, self.allowed_hosts):
                 metrics.NOTIFICATIONS.labels(result="refused").inc()
                 log.warning("notifications: %s is not an allowed host; not sent", url_origin(hook.url))
@@ -246,23 +297,24 @@ class Notifier:
 
     async def _deliver(self, n: Notification, hook: Webhook) -> None:
         data, content_type = body(n, hook.format)
-        headers = {"Content-Type": content_type, "User-Agent": "modeldeploy-operator"}
-        if self.signing_key is not None:
-            headers[SIGNATURE_HEADER] = signature(namespace_key(self.signing_key, n.namespace), data)
+        key = None if self.signing_key is None else namespace_key(self.signing_key, n.namespace)
         try:
             async with self._limit:
-                result = await self._tries(hook, data, headers)
+                result = await self._tries(hook, data, content_type, key)
         finally:
             with self._lock:
                 self._pending -= 1
         metrics.NOTIFICATIONS.labels(result=result).inc()
 
-    async def _tries(self, hook: Webhook, data: bytes, headers: dict[str, str]) -> str:
+    async def _tries(self, hook: Webhook, data: bytes, content_type: str, key: bytes | None) -> str:
         why = ""
         for attempt in range(self.attempts):
             if attempt:
                 await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
             started = time.monotonic()
+            headers = {"Content-Type": content_type, "User-Agent": "modeldeploy-operator"}
+            if key is not None:  # signed at each try: a receiver's tolerance counts from the try
+                headers.update(signed_headers(key, "notification", data))
             status, why = await post(hook.url, data, headers, hook.timeout)
             if status is not None and 200 <= status < 300:
                 return "delivered"

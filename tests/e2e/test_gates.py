@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from localcluster.receiver import receivers
 from localcluster.testing import Kube, wait_for
+from modeldeploy.gates import unreachable
 
 from .canary_support import LoadGenerator, events, md_status, noop_md, wait_for_event
 
@@ -166,7 +167,7 @@ def test_a_hanging_gate_holds_its_rollout_and_nothing_else(
     print(f"next to a hanging gate: promoted after {took:.1f}s")
     assert took < 60, took  # three 6 s steps and their pods, nowhere near stuck behind 10 s asks
     st = wait_for(
-        lambda: waiting_at(kube, ns, "held", "beforeFirstStep", "no answer within 10s"),
+        lambda: waiting_at(kube, ns, "held", "beforeFirstStep", unreachable(10)),
         timeout=30,
         what="held: no answer",
     )

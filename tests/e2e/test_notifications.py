@@ -11,8 +11,6 @@ real HTTP receivers in this process that the operator POSTs to.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import itertools
 import json
 import time
@@ -23,7 +21,7 @@ import pytest
 from localcluster.operator_process import notification_key_file
 from localcluster.receiver import receivers as started_receivers
 from localcluster.testing import Kube, wait_for
-from modeldeploy.notify import SIGNATURE_HEADER, namespace_key
+from modeldeploy.notify import namespace_key, verify
 
 from .canary_support import LoadGenerator, md_status, noop_md
 
@@ -74,8 +72,7 @@ def test_a_receiver_is_told_every_event_of_a_rollout_signed_for_its_namespace(
     key = namespace_key(notification_key_file(kube.cluster).read_bytes(), namespace)
     types = []
     for _, headers, data in r.got:
-        expected = "sha256=" + hmac.new(key, data, hashlib.sha256).hexdigest()
-        assert headers[SIGNATURE_HEADER.lower()] == expected, headers
+        assert verify(key, "notification", headers, data), headers
         doc = json.loads(data)
         assert (doc["namespace"], doc["name"]) == (namespace, NAME)
         types.append(doc["type"])

@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from md_cases import invalid_manifests
+from md_cases import BAD_URLS, GOOD_URLS, invalid_manifests
 from modeldeploy.api import HistoryEntry, ModelDeployment, ModelDeploymentSpec, parse_duration
 from pydantic import ValidationError
 
@@ -151,6 +151,8 @@ _REPAIRS: dict[str, Any] = {
     "spec.rollout.trafficRouting.gatewayAPI": {"parentRefs": [{"name": "gw"}]},
     "spec.model.storage.secretRef.name": "s3-credentials",
     "spec.autoscaling.target": 0.8,
+    "spec.rollout.notifications[0].url": "http://hooks.example.com:8080/rollouts",
+    "spec.rollout.gates.beforeFirstStep.url": "https://gates.example.com/confirm",
 }
 
 
@@ -253,3 +255,24 @@ def test_a_history_entry_keeps_its_kind_and_an_expired_one_has_none():
     assert expired.kind is None and "kind" not in expired.to_api()
     with pytest.raises(ValidationError):
         HistoryEntry.model_validate({**wire, "kind": "Expired"})
+
+
+def _with_urls(url: str) -> dict[str, Any]:
+    return {
+        "model": {"name": "m", "uri": "file:///m"},
+        "rollout": {"notifications": [{"url": url}], "gates": {"beforePromotion": {"url": url}}},
+    }
+
+
+def test_webhook_and_gate_urls_are_refused_naming_the_field_exactly_when_the_client_cannot_take_them():
+    for url in BAD_URLS:
+        with pytest.raises(ValidationError) as err:
+            ModelDeploymentSpec.model_validate(_with_urls(url))
+        errors = err.value.errors()
+        assert {tuple(e["loc"]) for e in errors} == {
+            ("rollout", "notifications", 0, "url"),
+            ("rollout", "gates", "beforePromotion", "url"),
+        }, url
+        assert all("must be an http(s) URL" in e["msg"] for e in errors), errors
+    for url in GOOD_URLS:
+        assert ModelDeploymentSpec.model_validate(_with_urls(url)).rollout.notifications[0].url == url

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from md_cases import BAD_URLS, GOOD_URLS
 from modeldeploy import crdgen
 from modeldeploy.api import ModelDeploymentSpec
+from yarl import URL
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -120,7 +126,9 @@ def test_cel_rules_name_their_field():
         assert r["message"], path
         assert (
             "fieldPath" in r
-            or path.endswith(("steps", "buckets", "interval", "sampleInterval", "timeout", "duration", "[]"))
+            or path.endswith(
+                ("steps", "buckets", "interval", "sampleInterval", "timeout", "duration", "url", "[]")
+            )
             or path == ""
         ), (
             path,
@@ -161,3 +169,47 @@ def test_status_holds_the_rollout_fields_of_progressive_delivery():
 def test_main_prints_the_crd(capsys):
     assert crdgen.main([]) == 0
     assert capsys.readouterr().out == crdgen.render()
+
+
+#: the URLs the operator POSTs to: a webhook's, and each gate's
+URL_FIELDS = (
+    ".spec.rollout.notifications[].url",
+    ".spec.rollout.gates.beforeFirstStep.url",
+    ".spec.rollout.gates.beforePromotion.url",
+)
+
+
+def url_schemas() -> dict[str, dict[str, Any]]:
+    nodes = dict(walk(crdgen.crd_schema()))
+    return {path: nodes[path] for path in URL_FIELDS}
+
+
+def test_the_crd_refuses_webhook_and_gate_urls_exactly_when_the_client_cannot_take_them():
+    """The apiserver's pattern (RE2; explicit ASCII classes read alike by Python's re) refuses them, and a
+    CEL rule of the URL library, whose message one can read, stands beside it (both checked against
+    kube-apiserver 1.37's own validators when written)."""
+    for path, node in url_schemas().items():
+        for url in BAD_URLS:
+            assert re.fullmatch(node["pattern"], url) is None, (path, url)
+        for url in GOOD_URLS:
+            assert re.fullmatch(node["pattern"], url), (path, url)
+        (rule,) = node["x-kubernetes-validations"]
+        assert "isURL(self)" in rule["rule"] and "int(url(self).getPort()) <= 65535" in rule["rule"], path
+        assert rule["message"].endswith(
+            "must be an http(s) URL with a host, no user info, and a port from 1 to 65535"
+        )
+    assert len({node["pattern"] for node in url_schemas().values()}) == 1
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.from_regex(url_schemas()[URL_FIELDS[0]]["pattern"], fullmatch=True))
+def test_every_url_the_crd_admits_is_one_urllib_and_yarl_parse_with_a_host_and_a_port(url):
+    """What the apiserver admits never raises where the operator reads it: urllib.parse (the host
+    allow-list, status and logs) and yarl (aiohttp, which POSTs) take it, host and port."""
+    parts, parsed = urlsplit(url), URL(url)
+    assert parts.hostname and parsed.host, url
+    assert parsed.port == (parts.port or {"http": 80, "https": 443}[parts.scheme]), url
+    assert parsed.port is not None and 1 <= parsed.port <= 65535, url
+    ModelDeploymentSpec.model_validate(
+        {"model": {"name": "m", "uri": "file:///m"}, "rollout": {"notifications": [{"url": url}]}}
+    )

@@ -55,6 +55,22 @@ def test_the_api_takes_gates_and_refuses_a_long_timeout_or_credentials():
             ModelDeployment.from_api(canary_md(gates={"beforeFirstStep": bad}))
 
 
+def test_a_stored_gate_url_the_crd_now_refuses_is_an_invalid_spec_and_never_raises():
+    """An object admitted before the CRD's URL rule: its canary's reconcile reports the field (Degraded,
+    InvalidSpec, a Warning event) and returns; it used to raise from the gate's status (the URL's origin)
+    on every reconcile, with Python's parse error as the only trace."""
+    w, fake = world(beforeFirstStep=True)
+    w.deploy_first()
+    w.new_version("2")
+    w.raw["spec"]["rollout"]["gates"]["beforeFirstStep"]["url"] = "http://[::1/x"  # as stored
+    w.reconcile(rounds=2)
+    degraded = w.cond("Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+    assert "spec.rollout.gates.beforeFirstStep.url" in degraded["message"], degraded
+    assert "Invalid IPv6 URL" in degraded["message"]
+    assert "InvalidSpec" in w.event_reasons() and fake.asked == []
+
+
 def test_before_first_step_holds_the_canary_warm_and_out_of_traffic_until_the_gate_opens():
     w, fake = world(beforeFirstStep=True)
     old = w.deploy_first()

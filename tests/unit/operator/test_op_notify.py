@@ -7,16 +7,21 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 from localcluster.receiver import receivers
+from md_canary import World, canary_md
 from modeldeploy import metrics
+from modeldeploy.api_base import INVALID_URL, url_origin
 from modeldeploy.notify import (
     SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
     Notification,
     Notifier,
     Webhook,
@@ -25,6 +30,8 @@ from modeldeploy.notify import (
     namespace_key,
     notification_for,
     own_webhooks,
+    signed_headers,
+    verify,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -128,18 +135,59 @@ def test_a_modeldeployments_own_webhooks_come_from_its_spec():
 # -- delivery -------------------------------------------------------------------------------------------
 
 
-def test_a_delivery_is_signed_with_the_namespace_key_a_team_can_check(serve, notifier):
+def test_a_delivery_is_signed_now_as_a_notification_with_the_namespace_key_a_team_can_check(serve, notifier):
     r = serve()
     notifier.send(promoted("team-a"), [Webhook(r.url)])
     wait_for(lambda: r.got)
     _, headers, data = r.got[0]
-    team_key = namespace_key(KEY, "team-a")
-    expected = "sha256=" + hmac.new(team_key, data, hashlib.sha256).hexdigest()
-    assert headers[SIGNATURE_HEADER.lower()] == expected
+    assert abs(int(headers[TIMESTAMP_HEADER.lower()]) - time.time()) < 5
+    assert headers[SIGNATURE_HEADER.lower()].startswith("v1=")
+    assert verify(namespace_key(KEY, "team-a"), "notification", headers, data)
     # another namespace's key does not verify it: a team cannot sign for another
-    other = "sha256=" + hmac.new(namespace_key(KEY, "team-b"), data, hashlib.sha256).hexdigest()
-    assert headers[SIGNATURE_HEADER.lower()] != other
+    assert not verify(namespace_key(KEY, "team-b"), "notification", headers, data)
     assert json.loads(data)["type"] == "Promoted"
+
+
+SECURITY_MD = Path(__file__).resolve().parents[3] / "docs" / "security.md"
+
+
+def documented_verify() -> Callable[..., bool]:
+    """The receiver's check as docs/security.md shows it (standard library only), run as written."""
+    (code,) = [
+        c for c in re.findall(r"```python\n(.*?)```", SECURITY_MD.read_text(), re.S) if "def verify" in c
+    ]
+    scope: dict[str, Any] = {}
+    exec(compile(code, str(SECURITY_MD), "exec"), scope)
+    return scope["verify_modeldeploy"]
+
+
+@pytest.mark.parametrize("check", ["shipped", "documented"])
+def test_a_late_replay_a_notification_shown_as_a_gate_and_a_tampered_body_are_refused(check):
+    """What a receiver checks (notify.verify, and the snippet docs/security.md gives teams): the key, the
+    purpose, the body and the timestamp, each enough to refuse."""
+    ok = verify if check == "shipped" else documented_verify()
+    key, t0 = namespace_key(KEY, "team-a"), 1_765_000_000.0
+    data = b'{"type": "Promoted"}'
+    headers = signed_headers(key, "notification", data, now=t0)
+    assert ok(key, "notification", headers, data, now=t0 + 299)
+    assert ok(key, "notification", {k.lower(): v for k, v in headers.items()}, data, now=t0 - 299)
+    assert not ok(key, "notification", headers, data, now=t0 + 301)  # replayed after the tolerance
+    assert not ok(key, "notification", headers, data, now=t0 - 301)  # a timestamp from the future
+    assert not ok(key, "gate", headers, data, now=t0)  # a notification presented as a gate's ask
+    gate_ask = signed_headers(key, "gate", data, now=t0)
+    assert ok(key, "gate", gate_ask, data, now=t0) and not ok(key, "notification", gate_ask, data, now=t0)
+    assert not ok(key, "notification", headers, data.replace(b"Promoted", b"RolledBack"), now=t0)
+    later = {**headers, TIMESTAMP_HEADER: str(int(t0) + 200)}  # a fresh timestamp on an old signature
+    assert not ok(key, "notification", later, data, now=t0 + 200)
+    assert not ok(namespace_key(KEY, "team-b"), "notification", headers, data, now=t0)
+    for broken in (
+        {SIGNATURE_HEADER: headers[SIGNATURE_HEADER]},
+        {TIMESTAMP_HEADER: headers[TIMESTAMP_HEADER]},
+    ):
+        assert not ok(key, "notification", broken, data, now=t0)
+    body_only = hmac.new(key, data, hashlib.sha256).hexdigest()  # the old scheme: the body alone
+    assert not ok(key, "notification", {**headers, SIGNATURE_HEADER: f"sha256={body_only}"}, data, now=t0)
+    assert not ok(key, "notification", {**headers, SIGNATURE_HEADER: f"v1={body_only}"}, data, now=t0)
 
 
 def test_only_the_events_a_webhook_asked_for_are_sent(serve, notifier):
@@ -212,6 +260,43 @@ def test_a_host_the_operator_does_not_allow_is_refused_and_counted(serve):
     assert host_allowed("http://anything/", ())
     time.sleep(0.2)
     assert r.got == []
+
+
+BAD = ("http://[::1/x", "http://h:99999/")  # admitted by the CRD's pattern before its URL rule
+
+
+def test_a_webhook_url_that_does_not_parse_never_raises_and_the_webhooks_after_it_are_still_told(serve):
+    r = serve()
+    n = Notifier(KEY, allowed_hosts=("127.0.0.1",)).start()
+    try:
+        refused = count("refused")
+        n.send(promoted(), [Webhook(BAD[0]), Webhook(BAD[1]), Webhook(r.url)])
+        n.send(promoted(), [Webhook(r.url)])
+        wait_for(lambda: len(r.got) == 2 and n.pending() == 0)
+        assert count("refused") == refused + 2
+    finally:
+        n.stop()
+    for url in BAD:
+        assert url_origin(url) == INVALID_URL
+        assert not host_allowed(url, ()) and not host_allowed(url, ("*",))
+
+
+def test_a_stored_notification_url_the_crd_now_refuses_is_an_invalid_spec_and_never_raises():
+    """An object admitted before the CRD's URL rule: the reconcile that starts its canary reports the
+    field (Degraded, InvalidSpec, a Warning event) and returns; it used to raise from the host check
+    while notifying CanaryStarted, on every retry, losing the events after it."""
+    w = World(canary_md())
+    w.rec.notifier = Notifier(KEY)  # not started: what it is sent is dropped, after the host check
+    w.deploy_first()
+    w.new_version("2")
+    w.raw["spec"]["rollout"]["notifications"] = [{"url": BAD[0]}]  # as stored, never parsed by a model
+    w.reconcile(rounds=2)
+    degraded = w.cond("Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+    assert "spec.rollout.notifications.0.url" in degraded["message"], degraded
+    assert "Invalid IPv6 URL" in degraded["message"]
+    (event,) = [e for e in w.fake.events if e["reason"] == "InvalidSpec"]
+    assert event["type"] == "Warning" and "spec.rollout.notifications.0.url" in event["message"]
 
 
 def test_the_plugin_prints_a_namespaces_key_without_a_cluster(tmp_path, capsys, monkeypatch):
