@@ -39,6 +39,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from .api_base import check_http_url
 from .resync import DEFAULT_PERIOD
 
 ENV_PREFIX = "MODELDEPLOY_"
@@ -63,6 +64,12 @@ def _comma_list(value: Any) -> Any:
 
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]
 Namespaces = CommaList
+
+
+def _notification_url(value: Any) -> Any:
+    """The operator-wide webhook, held to the rule a ModelDeployment's own webhooks are (one the
+    notifier's client can POST to), so a bad one stops the start with its flag named."""
+    return value if value is None else check_http_url(str(value), "--notification-url")
 
 
 class Settings(BaseSettings):
@@ -136,9 +143,8 @@ class Settings(BaseSettings):
         description="a file (a mounted Secret) whose content is sent as a bearer token to --prometheus-url "
         "only, never to a ModelDeployment's own prometheusURL",
     )
-    notification_url: str | None = Field(
+    notification_url: Annotated[str | None, BeforeValidator(_notification_url)] = Field(
         None,
-        pattern=r"^https?://[^/@\s]+(/\S*)?$",
         description="a webhook told of every ModelDeployment's rollout events (the cluster-wide default; "
         "each ModelDeployment may add its own, spec.rollout.notifications)",
     )

@@ -172,3 +172,10 @@ def test_variables_that_are_no_setting_are_left_to_whoever_reads_them() -> None:
         },
     )
     assert s.namespace == [] and s.verbose is False
+
+
+@pytest.mark.parametrize("url", ["http://[::1/x", "http://h:99999/", "http://user@h/", "ftp://h/"])
+def test_a_notification_url_the_notifier_cannot_post_to_stops_the_start_naming_the_flag(url: str) -> None:
+    with pytest.raises(SettingsError, match="--notification-url"):
+        load_settings(["--notification-url", url], environ={})
+    assert load_settings(["--notification-url", "http://[::1]:8080/x"], environ={}).notification_url
