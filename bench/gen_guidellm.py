@@ -7,9 +7,9 @@ guidellm is run with its stock request options -- streamed ``/v1/completions`` w
 (vLLM's extensions, which every OpenAI-compatible server that load tools are pointed at meets) -- at a
 constant rate (or synchronous: one request at a time) for a bounded duration, on its synthetic text of
 fixed prompt and output token counts. What it measured (requests successful / errored / incomplete, output
-tokens/s, TTFT, inter-token latency, request latency) goes to bench/results/gen_guidellm.json with the
-commit and the machine's load; each run's whole guidellm report is kept beside it
-(bench/results/gen_guidellm/<server>.json).
+tokens/s, TTFT, inter-token latency, request latency, the errors it saw) goes to
+bench/results/gen_guidellm.json with the commit and the machine's load; guidellm's whole report of each run
+(every request, some 200 KB) stays in the run's temporary folder, named there.
 
     python -m bench.gen_guidellm [--servers own,manager,transformers-serve] [--model bench|test]
                                  [--profile constant|synchronous] [--rate 2] [--duration-s 60]
@@ -107,11 +107,7 @@ def run_one(name: str, model: Path, args: argparse.Namespace, logs: Path, cpu: s
         srv.stop()
     if run.returncode != 0 or not out.exists():
         return {"guidellm_exit": run.returncode, "stderr_tail": (run.stderr or run.stdout)[-2000:]}
-    report = json.loads(out.read_text())
-    keep = RESULTS / "gen_guidellm" / f"{name}.json"
-    keep.parent.mkdir(parents=True, exist_ok=True)
-    keep.write_text(json.dumps(report, indent=1) + "\n")
-    return {"guidellm_exit": 0, **figures(report)}
+    return {"guidellm_exit": 0, "report": str(out), **figures(json.loads(out.read_text()))}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -283,7 +283,8 @@ def test_schemathesis_never_a_server_error(fuzz: FuzzServer, label: str, mode: s
         run()
     honest.assert_unharmed()
     assert seen, f"no examples were generated for {label}"
-    print(label, mode, sorted(seen))
+    if mode == "positive":  # the served model's requests inside the schema reach the engine and are answered
+        assert 200 in seen, f"{label}: no example was answered ({sorted(seen)})"
 
 
 # -- hypothesis: sampling parameters, prompts, messages, stops ---------------------------------------------
@@ -414,7 +415,7 @@ def judge(fuzz: FuzzServer, path: str, body: dict[str, Any], off_core: set[str],
 
 @given(fields=sampling_fields(), prompt_how=st.sampled_from(["core"] * 5 + ["edge", "invalid"]),
        data=st.data(), stream=st.booleans())  # fmt: skip
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ, max_examples=100)
 def _sampling_examples(fuzz: FuzzServer, fields: Any, prompt_how: str, data: Any, stream: bool) -> None:
     values, off_core, corrupt = fields
     body = {"model": GEN_MODEL, "prompt": pick(data.draw, PROMPT, prompt_how), **values, "stream": stream}
@@ -433,7 +434,7 @@ def test_sampling_parameters_and_prompts(fuzz: FuzzServer) -> None:
 
 
 @given(msgs=messages(), fields=sampling_fields(), stream=st.booleans())
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=60)
 def _chat_examples(fuzz: FuzzServer, msgs: Any, fields: Any, stream: bool) -> None:
     listed, off, bad = msgs
     values, off_core, corrupt = fields
@@ -459,9 +460,15 @@ def stops(draw: Any, answer: str) -> list[str]:
     """Up to 4 stops: pieces cut from the greedy answer itself (so they are met, and overlap each other),
     unicode noise, and long strings (20,000 characters) that never match."""
     out: list[str] = []
-    for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["piece", "piece", "noise", "long"]))
-        if kind == "piece" and len(answer) > 1:
+    wanted = draw(st.integers(1, 4))
+    while len(out) < wanted:
+        kind = draw(st.sampled_from(["piece", "piece", "nested", "noise", "long"]))
+        if kind == "nested" and len(answer) > 4 and len(out) < 3:
+            # a stop and one inside it that ends first: met in the same step when one token brings both
+            start = draw(st.integers(0, len(answer) - 4))
+            outer = answer[start : start + draw(st.integers(3, 12))]
+            out += [outer, outer[1:-1]] if len(outer) >= 3 else [outer]
+        elif kind in ("piece", "nested") and len(answer) > 1:
             start = draw(st.integers(0, len(answer) - 1))
             out.append(answer[start : start + draw(st.integers(1, 12))])
         elif kind == "long":
@@ -472,7 +479,7 @@ def stops(draw: Any, answer: str) -> list[str]:
 
 
 @given(data=st.data(), which=st.integers(0, len(STOP_PROMPTS) - 1), stream=st.booleans())
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=60)
 def _stop_examples(fuzz: FuzzServer, data: Any, which: int, stream: bool) -> None:
     assert fuzz.srv is not None
     prompt = STOP_PROMPTS[which]
@@ -494,13 +501,23 @@ def _stop_examples(fuzz: FuzzServer, data: Any, which: int, stream: bool) -> Non
             c["finish_reason"] for e in events for c in e.get("choices") or [] if c.get("finish_reason")
         ][-1]
     full = ref["text"]
-    assert full.startswith(text), f"not the greedy answer's beginning: {text!r} vs {full!r}"
-    assert not any(s in text for s in cut), f"a stop was sent: {text!r}, stops {cut}"
-    if any(s in full for s in cut):
-        assert any(full[len(text) :].startswith(s) for s in cut), f"cut off a stop: {text!r} in {full!r}"
-        assert reason == "stop", reason
-    else:
-        assert (text, reason) == (full, ref["reason"]), "an unmet stop changed the answer"
+    want = expected_cut(full, cut)
+    assert text == want, (
+        f"{text!r} is not {want!r}: the greedy answer {full!r} cut by {[s[:20] for s in cut]}"
+    )
+    assert reason == ("stop" if want != full else ref["reason"]), reason
+
+
+def expected_cut(text: str, stops: list[str]) -> str:
+    """``text`` cut before the stop that is complete first -- the occurrence that ends first, the longest of
+    those ending at one character (the first occurrence of a stop is the one of it that ends first) --
+    whatever tokens the text came in: what a client that checks after every character would cut."""
+    best: tuple[tuple[int, int], int] | None = None
+    for s in stops:
+        i = text.find(s)
+        if i >= 0 and (best is None or (i + len(s), -len(s)) < best[0]):
+            best = ((i + len(s), -len(s)), i)
+    return text if best is None else text[: best[1]]
 
 
 def test_stop_strings_cut_the_answer_exactly(fuzz: FuzzServer) -> None:

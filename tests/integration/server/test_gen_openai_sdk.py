@@ -239,15 +239,21 @@ def test_embeddings_in_the_sdks_default_base64(minilm_server: ServerProcess, ref
     with OpenAI(base_url=minilm_server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
         got = c.embeddings.create(model="minilm", input=texts)  # the SDK asks for base64 and decodes it
         floats = c.embeddings.create(model="minilm", input=texts, encoding_format="float")
-        with pytest.raises(openai.BadRequestError) as info:
-            c.embeddings.create(model="minilm", input="x", dimensions=8)
-        with pytest.raises(openai.NotFoundError) as missing:
-            c.embeddings.create(model="no-such-model", input="x")
     assert [d.index for d in got.data] == [0, 1, 2] and got.model == "minilm"
     np.testing.assert_allclose(np.array([d.embedding for d in got.data]), want, atol=2e-5, rtol=1e-4)
     np.testing.assert_allclose(
         np.array([d.embedding for d in floats.data]), np.array([d.embedding for d in got.data]), atol=1e-6
     )
     assert got.usage.prompt_tokens > len(texts)
+
+
+def test_embeddings_refusals_as_typed_exceptions(minilm_server: ServerProcess) -> None:
+    """The encoder server's OpenAI route refuses in OpenAI's shape too: the SDK's exception carries the
+    message and names the field."""
+    with OpenAI(base_url=minilm_server.url + "/v1", api_key="unused", max_retries=0, timeout=60) as c:
+        with pytest.raises(openai.BadRequestError) as info:
+            c.embeddings.create(model="minilm", input="x", dimensions=8)
+        with pytest.raises(openai.NotFoundError) as missing:
+            c.embeddings.create(model="no-such-model", input="x")
     assert "dimensions" in server_message(info.value) and top_field(info.value.param) == "dimensions"
     assert "no-such-model" in server_message(missing.value)
