@@ -95,7 +95,9 @@ class Door:
     """The concurrency bound of the HTTP layer: at most ``limit`` infer requests inside the application.
 
     ``on_refused(seconds)`` is called for every refusal (the server counts it in its metrics);
-    ``extra_headers`` are added to the refusal (the revision header)."""
+    ``extra_headers`` are added to the refusal (the revision header). ``counts`` says which requests are
+    bounded (the encoders' infer requests unless told) and ``body`` is the refusal's JSON, for a protocol
+    with its own error shape (the generation server's OpenAI errors, modelserver.gen_app)."""
 
     def __init__(
         self,
@@ -103,13 +105,17 @@ class Door:
         on_refused: Callable[[], None] | None = None,
         extra_headers: list[tuple[bytes, bytes]] | None = None,
         retry_after_s: int = 1,
+        counts: Callable[[Scope], bool] = is_infer,
+        body: bytes | None = None,
     ) -> None:
         self.limit = limit
         self.inside = 0  # infer requests admitted and not yet answered
         self.refused = 0
         self.on_refused = on_refused
+        self.counts = counts
         self.clock: Callable[[], float] = time.monotonic
-        body = orjson.dumps({"error": f"{limit} requests in flight (max_concurrent_requests)"})
+        if body is None:
+            body = orjson.dumps({"error": f"{limit} requests in flight (max_concurrent_requests)"})
         self._body = body
         self._headers = [
             (b"content-type", b"application/json"),
@@ -130,7 +136,7 @@ class Door:
             await app(scope, receive, send)
             return
         scope[ARRIVAL] = self.clock()
-        if not is_infer(scope):
+        if not self.counts(scope):
             await app(scope, receive, send)
             return
         if self.inside >= self.limit:
