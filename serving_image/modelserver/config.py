@@ -183,6 +183,12 @@ class Settings(BaseSettings):
         64, ge=0, description="generation: sequences admitted and not started, at most (beyond: 429)"
     )
     max_new_tokens: int = Field(1024, ge=1, description="generation: max_tokens a request may ask for")
+    special_tokens_in_chat: Literal["text", "parse"] = Field(
+        "text",
+        description="generation: what a chat message's text that spells a special token (a role marker,"
+        " the EOS) becomes -- text (plain tokens: a message cannot fake a role) or parse (the special"
+        " token itself, as the chat template's own markers)",
+    )
     # --- misc ------------------------------------------------------------------------------
     shadow_file: str = Field(
         "",

@@ -146,6 +146,8 @@ async def serve_generation(settings: Settings) -> int:
         metrics,
         mirror=mirror,
         shadow_file=settings.shadow_file,
+        max_concurrent_requests=settings.max_concurrent_requests,
+        special_tokens_in_chat=settings.special_tokens_in_chat,
     )
     server = uvicorn_server(app, settings)
     loop = asyncio.get_running_loop()

@@ -166,9 +166,9 @@ async def test_without_a_lower_priority_to_preempt_a_request_past_its_timeout_is
     async with httpx.AsyncClient(transport=transport, base_url="http://gen", timeout=30) as c:
         body = {"model": "tiny", "prompt": "x", "max_tokens": 4, "temperature": 0, "priority": 2}
         r = await c.post("/v1/completions", json={**body, "timeout_ms": 100})
-        assert r.status_code == 504 and "deadline" in r.json()["error"], r.text
+        assert r.status_code == 504 and "deadline" in r.json()["error"]["message"], r.text
         bad = await c.post("/v1/completions", json={**body, "priority": 7})
-        assert bad.status_code == 400 and "priority" in bad.json()["error"]
+        assert bad.status_code == 400 and "priority" in bad.json()["error"]["message"]
         await asyncio.gather(*lows)
         ok = await c.post("/v1/completions", json={**body, "timeout_ms": 100})
         assert ok.status_code == 200, ok.text

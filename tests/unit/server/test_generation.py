@@ -136,25 +136,43 @@ async def test_sampled_requests_are_served_and_stay_within_max_tokens(app) -> No
 
 
 @pytest.mark.parametrize(
-    ("body", "status", "message"),
+    ("body", "status", "message", "param"),
     [
-        ({"model": "tiny", "prompt": "x", "logprobs": 3}, 400, "logprobs: not a supported field"),
-        ({"model": "tiny", "prompt": "x", "n": 2}, 400, "n:"),
-        ({"model": "tiny", "prompt": "x", "temperature": 0.7, "seed": 1}, 400, "seed"),
-        ({"model": "tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-        ({"model": "tiny", "prompt": "x", "max_tokens": 65}, 400, "over this server's limit of 64"),
-        ({"model": "tiny", "prompt": "word " * 600, "max_tokens": 8}, 400, "over the context of 512 tokens"),
-        ({"model": "tiny", "prompt": "x", "temperature": 3}, 400, "temperature"),
-        ({"model": "other", "prompt": "x"}, 404, "not served here"),
-        ({"prompt": "x"}, 400, "model: Field required"),
+        ({"model": "tiny", "prompt": "x", "logprobs": 3}, 400, "logprobs: not a supported field", "logprobs"),
+        ({"model": "tiny", "prompt": "x", "n": 2}, 400, "n:", "n"),
+        ({"model": "tiny", "prompt": "x", "temperature": 0.7, "seed": 1}, 400, "seed", "seed"),
+        ({"model": "tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "stop"),
+        (
+            {"model": "tiny", "prompt": "x", "max_tokens": 65},
+            400,
+            "over this server's limit of 64",
+            "max_tokens",
+        ),
+        (
+            {"model": "tiny", "prompt": "word " * 600, "max_tokens": 8},
+            400,
+            "over the context of 512",
+            "prompt",
+        ),
+        (
+            {"model": "tiny", "prompt": "é" * 3000, "max_tokens": 64},
+            400,
+            "over the context of 512",
+            "prompt",
+        ),
+        ({"model": "tiny", "prompt": "x", "temperature": 3}, 400, "temperature", "temperature"),
+        ({"model": "tiny", "prompt": "x", "priority": 9}, 400, "priority", "priority"),
+        ({"model": "other", "prompt": "x"}, 404, "not served here", "model"),
+        ({"prompt": "x"}, 400, "model: Field required", "model"),
     ],
 )
 async def test_bad_requests_are_4xx_naming_the_field_and_the_server_keeps_serving(
-    app, body, status, message
+    app, body, status, message, param
 ) -> None:
     async with client(app) as c:
         r = await c.post("/v1/completions", json=body)
-        assert r.status_code == status and message in r.json()["error"], r.text
+        assert r.status_code == status and message in r.json()["error"]["message"], r.text
+        assert r.json()["error"]["param"] == param and param in r.json()["error"]["message"], r.text
         ok = await c.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
     assert ok.status_code == 200
 
@@ -177,7 +195,10 @@ async def test_past_the_waiting_bound_a_request_gets_429_with_retry_after(app) -
     app.engine.limits = Limits(context=512, max_tokens=64, max_waiting=0)
     async with client(app) as c:
         r = await c.post("/v1/completions", json={"model": "tiny", "prompt": "x"})
-    assert r.status_code == 429 and r.headers["retry-after"] == "1" and "waiting" in r.json()["error"]
+    assert (
+        r.status_code == 429 and r.headers["retry-after"] == "1" and "waiting" in r.json()["error"]["message"]
+    )
+    assert r.json()["error"]["type"] == "rate_limit_exceeded"
     text = app.metrics.exposition().decode()
     assert sample_sum(text, "modelserver_requests_total", code="429") == 1
 
