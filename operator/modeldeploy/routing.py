@@ -14,6 +14,11 @@ weight: a rule with a header match takes precedence over the path-only rule (Gat
 precedence). It is not there during the shadow stage, before the canary has a Ready pod, or once the
 canary is promoted or rolled back.
 
+Every rule removes the ``x-modeldeploy-priority`` request header (:data:`PRIORITY_HEADER`): a generation
+server takes a request's scheduling level from it (a body may only lower it), so a client outside the
+cluster must not be able to raise its own requests above others' and preempt them; callers inside the
+cluster, which reach the revision Services without the gateway, are trusted to set it.
+
 A revision the route stops sending to keeps its pods in traffic for :data:`ROUTE_DRAIN_SECONDS` (the
 gateway reloads the route a moment later; :func:`modeldeploy.rollout_decision.drain_route_leavers`).
 """
@@ -40,6 +45,10 @@ API_VERSION = f"{GROUP}/v1"
 #: gateway still weighted had no server (503s). Argo Rollouts keeps an aborted canary 30 s for the same
 #: reason (``abortScaleDownDelaySeconds``).
 ROUTE_DRAIN_SECONDS = 10
+#: the generation servers' trusted priority header (modelserver.gen_app.PRIORITY_HEADER), never passed from
+#: a client through the gateway
+PRIORITY_HEADER = "x-modeldeploy-priority"
+_STRIP_PRIORITY = {"type": "RequestHeaderModifier", "requestHeaderModifier": {"remove": [PRIORITY_HEADER]}}
 
 
 def backend_weights(stable: str, canary: str | None, weight: int | None) -> list[tuple[str, int]]:
@@ -77,6 +86,7 @@ def build_httproute(
                         ],
                     }
                 ],
+                "filters": [_STRIP_PRIORITY],
                 "backendRefs": [
                     {
                         "group": "",
@@ -94,6 +104,7 @@ def build_httproute(
             *header_rules,
             {
                 "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+                "filters": [_STRIP_PRIORITY],
                 "backendRefs": [
                     {
                         "group": "",

@@ -12,8 +12,10 @@ from modeldeploy.api_rollout import CompareSpec
 from modeldeploy.builders import pod_template, shadow_service, spec_revision
 from modeldeploy.model_storage import FETCH_REASONS, parse_termination_message
 from modeldeploy.rollout_types import Mirror
+from modeldeploy.routing import PRIORITY_HEADER as ROUTE_STRIPS
 from modelserver.dir_digest import dir_digest_of
 from modelserver.fetch_errors import REASONS
+from modelserver.gen_app import PRIORITY_HEADER as SERVER_TRUSTS
 from modelserver.loader import dir_digest
 from modelserver.shadow import MirrorConfig
 
@@ -73,3 +75,7 @@ def test_one_directory_digest_for_the_server_and_the_fetch(tmp_path: Path) -> No
     assert dir_digest(tmp_path) == from_files
     lines = sorted(f"{rel}\0{hashlib.sha256(d).hexdigest()}\n" for rel, d in files.items())
     assert from_files == hashlib.sha256("".join(lines).encode()).hexdigest()  # the documented format
+
+
+def test_the_priority_header_the_gateway_strips_is_the_one_the_generation_server_trusts() -> None:
+    assert ROUTE_STRIPS == SERVER_TRUSTS

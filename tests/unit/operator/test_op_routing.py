@@ -256,3 +256,21 @@ def test_a_promotion_keeps_the_old_stables_endpoints_until_the_gateway_has_the_n
     w.run_for(routing.ROUTE_DRAIN_SECONDS + 5)
     assert w.pods_in_traffic(old) == 0 and len(w.pods(old)) == 1  # kept warm (keepPrevious), out of traffic
     assert violations == []
+
+
+def test_every_rule_of_the_route_removes_the_trusted_priority_header() -> None:
+    body = canary_md(trafficRouting={"mode": "gatewayAPI", "gatewayAPI": {**GATEWAY, "canaryHeader": HEADER}})
+    body["metadata"].update({"namespace": "default", "uid": "u1"})
+    md = ModelDeployment.from_api(body)
+    for route in (
+        routing.build_httproute(md, "a", "b", 25, header_canary="b"),
+        routing.build_httproute(md, "a", None, None, fallback="f"),
+    ):
+        for rule in route["spec"]["rules"]:
+            removed = [
+                h
+                for f in rule["filters"]
+                if f["type"] == "RequestHeaderModifier"
+                for h in f["requestHeaderModifier"]["remove"]
+            ]
+            assert removed == ["x-modeldeploy-priority"]
