@@ -36,7 +36,17 @@ def test_soak_honest_traffic_survives_hostile_traffic(soak_server: ServerProcess
     doc = soak(soak_server.url, soak_server.proc.pid, CONFIG)
     (tmp_path / "gen_soak.json").write_text(json.dumps(doc, indent=2, sort_keys=True))
     summary = {
-        k: doc[k] for k in ("honest", "hostile", "honest_lost", "gauges_after", "rss_mb", "server_codes")
+        k: doc[k]
+        for k in (
+            "honest",
+            "hostile",
+            "honest_lost",
+            "gauges_after",
+            "rss_mb",
+            "server_codes",
+            "preemptions",
+            "finished",
+        )
     }
     print(json.dumps(summary, indent=1, sort_keys=True))
     assert soak_server.proc.poll() is None, "the server died"
