@@ -76,6 +76,7 @@ from .errors import InvalidInput, Overloaded, PayloadTooLarge, ServerError
 from .gen_engine import GenerationEngine, GenerationUnavailable, Sampling, Step, check, schedule_of
 from .gen_metrics import GenerationMetrics
 from .gen_shadow import GenerationMirror
+from .gen_text import TextAssembler
 from .metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("modelserver.generation")
@@ -440,7 +441,7 @@ class _Run:
     ) -> None:  # fmt: skip
         self.app, self.t0, self.prompt, self.sampling = app, t0, prompt, sampling
         self.first, self.steps = first, steps
-        self.text = oa.TextAssembler(lambda ids: app.tokenizer.decode(ids, skip_special_tokens=True), stops)
+        self.text = TextAssembler(app.tokenizer, stops)
         self.generated = 0
         self.reason: str | None = None
         self.on_answer: Callable[[str], None] | None = None  # given the whole text of a complete answer

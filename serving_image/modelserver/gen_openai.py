@@ -365,37 +365,6 @@ class ChatPrompts:
         return whole == pieces
 
 
-class TextAssembler:
-    """Turns a growing token list into text to send: whole characters only (a byte-level BPE token can end
-    inside a UTF-8 sequence), held back while it could be the start of a stop string, cut at a stop."""
-
-    def __init__(self, decode: Any, stops: list[str]) -> None:
-        self.decode = decode
-        self.stops = stops
-        self.tokens: list[int] = []
-        self.sent = ""
-        self.stopped = False
-
-    def feed(self, new: list[int], final: bool = False) -> str:
-        self.tokens += new
-        text = self.decode(self.tokens)
-        for s in self.stops:
-            i = text.find(s)
-            if i >= 0:
-                text, self.stopped, final = text[:i], True, True
-        if not final:
-            if text.endswith("\ufffd"):
-                text = text.rstrip("\ufffd")
-            hold = max((len(s) - 1 for s in self.stops), default=0)
-            for k in range(min(hold, len(text)), 0, -1):
-                if any(s.startswith(text[-k:]) for s in self.stops):
-                    text = text[:-k]
-                    break
-        out = text[len(self.sent) :] if text.startswith(self.sent) else ""
-        self.sent += out
-        return out
-
-
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -305,10 +306,20 @@ async def test_ignore_eos_runs_an_answer_past_its_eos_to_max_tokens(make_app, lo
 
 
 # -- priority -----------------------------------------------------------------------------------------------
-async def test_a_body_priority_cannot_raise_a_request_above_its_callers_level(make_app, loaded) -> None:
+async def test_a_body_priority_cannot_raise_a_request_above_its_callers_level(
+    make_app, loaded, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, tok = loaded
     app = make_app(slots=1)
     engine = app.engine
+    own = engine.manager
+    forward = own._forward
+
+    def slow_forward(*args: Any, **kwargs: Any) -> Any:  # the held stream outlasts the three requests
+        time.sleep(0.01)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(own, "_forward", slow_forward)
 
     async def default_priority_stream() -> None:  # what a request that sets nothing gets: priority 2
         async for _ in engine.stream(
@@ -333,7 +344,7 @@ async def test_a_body_priority_cannot_raise_a_request_above_its_callers_level(ma
         assert engine.gate.preemptions == 1
     finally:
         running.cancel()
-        with pytest.raises(asyncio.CancelledError):
+        with pytest.raises(asyncio.CancelledError):  # it was still running: what the test played held
             await running
 
 

@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import pytest
 from localcluster.promtext import sample_sum
-from modelserver import gen_openai as oa
 from modelserver.errors import InvalidInput
 from modelserver.gen_app import GenerationApp
 from modelserver.gen_engine import GenerationEngine, Limits, Sampling, build_manager, check
@@ -273,22 +272,6 @@ def test_limits_are_checked_before_admission_with_the_limit_named() -> None:
         check(limits, 1, 51)
     with pytest.raises(InvalidInput, match="empty"):
         check(limits, 0, 1)
-
-
-def test_text_is_held_back_while_it_may_start_a_stop_string_and_cut_at_it() -> None:
-    pieces = {1: "Hel", 2: "lo E", 3: "ND", 4: " tail"}
-    a = oa.TextAssembler(lambda ids: "".join(pieces[i] for i in ids), ["END"])
-    assert a.feed([1]) == "Hel"
-    assert a.feed([2]) == "lo "  # "E" may start "END": held back
-    assert a.feed([3]) == "" and a.stopped
-    b = oa.TextAssembler(lambda ids: "".join(pieces[i] for i in ids), ["ENDX"])
-    assert b.feed([1]) + b.feed([2]) + b.feed([3]) + b.feed([4], final=True) == "Hello END tail"
-
-
-def test_a_partial_utf8_character_waits_for_its_next_token() -> None:
-    text = {(1,): "caf\ufffd", (1, 2): "café"}
-    a = oa.TextAssembler(lambda ids: text[tuple(ids)], [])
-    assert a.feed([1]) == "caf" and a.feed([2]) == "é"
 
 
 def test_greedy_is_top_k_one_and_sampled_keeps_its_values() -> None:
