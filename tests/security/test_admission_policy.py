@@ -9,6 +9,7 @@ rest of the session's tests are untouched. The author acts through their own nam
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,8 @@ from .tenants import Author, author, grant
 
 MD_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments"
 VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+#: what the platform team allows: a registry host, and one repository of another registry
+PREFIXES = ["registry.example.com", "mirror.example.com/ml/modelserver"]
 BINDING = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 
 
@@ -43,8 +46,8 @@ def rendered_policy(namespace: str) -> list[dict[str, Any]]:
         str(CHART),
         "--show-only",
         "templates/admission-policy.yaml",
-        "--set",
-        "admissionPolicy.allowedImagePrefixes[0]=registry.example.com/ml/",
+        "--set-json",
+        f"admissionPolicy.allowedImagePrefixes={json.dumps(PREFIXES)}",
         "--set",
         f"watchNamespaces[0]={namespace}",
     ).stdout
@@ -94,7 +97,7 @@ def test_the_chart_policy_refuses_images_and_tolerations_the_platform_team_did_n
     a = policed
     msg = in_effect(a)
     assert "spec.image: evil.example/miner:1 is not from an allowed registry" in msg
-    assert "registry.example.com/ml/" in msg
+    assert "(allowed prefixes: registry.example.com, mirror.example.com/ml/modelserver)" in msg
 
     # allowed: an image from the registry, or none (the operator's default), and the GPU taint
     assert refusal(a, md("ok-image", image="registry.example.com/ml/modelserver:1.2")) is None
@@ -117,6 +120,32 @@ def test_the_chart_policy_refuses_images_and_tolerations_the_platform_team_did_n
             content_type="application/merge-patch+json",
         )
     assert err.value.status in (403, 422) and "spec.image" in str(err.value)
+
+
+def test_an_allowed_prefix_admits_an_image_only_where_a_part_of_its_reference_ends(policed: Author) -> None:
+    """A plain startsWith let the prefix registry.example.com admit registry.example.com.evil.io/x. The
+    rule (templates/admission-policy.yaml): a host prefix admits the images under it, not another port
+    of it nor the host alone; a repository prefix admits itself, its tags, digests and the repositories
+    under it, not a longer name."""
+    a = policed
+    in_effect(a)
+    refused = [
+        "registry.example.com.evil.io/x:1",
+        "registry.example.com:5000/x:1",  # another port is another registry
+        "registry.example.com",  # a Docker Hub name: docker.io/library/registry.example.com
+        "mirror.example.com/ml/modelserver-evil:1",
+    ]
+    for i, image in enumerate(refused):
+        msg = refusal(a, md(f"refused-{i}", image=image))
+        assert msg is not None and f"spec.image: {image} is not from an allowed registry" in msg, image
+    admitted = [
+        "registry.example.com/x:1",
+        "mirror.example.com/ml/modelserver:1.2",
+        "mirror.example.com/ml/modelserver@sha256:" + "0" * 64,
+        "mirror.example.com/ml/modelserver/cpu:1",
+    ]
+    for i, image in enumerate(admitted):
+        assert refusal(a, md(f"admitted-{i}", image=image)) is None, image
 
 
 def test_an_author_may_hand_their_pods_only_the_secrets_and_claims_they_may_read_themselves(

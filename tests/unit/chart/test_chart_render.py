@@ -466,6 +466,54 @@ def test_the_admission_policy_is_on_by_default_and_bound_to_the_watched_namespac
     )
 
 
+#: the authors' policy's image rule as its CEL reads; the test below holds the chart to it
+IMAGE_RULE = (
+    "size(variables.images) == 0 || !has(object.spec.image) || object.spec.image in variables.imageNames "
+    "|| variables.imageStarts.exists(p, object.spec.image.startsWith(p))"
+)
+
+
+def test_an_allowed_image_prefix_ends_where_a_part_of_the_image_reference_ends() -> None:
+    """A plain startsWith let the prefix registry.example.com admit registry.example.com.evil.io/x. A host
+    prefix admits the images under it ('/'), not another port of the host nor the host alone (a Docker
+    Hub name); a repository prefix admits itself, its tags, digests and the repositories under it, not a
+    longer name; a prefix that ends in '/', ':' or '@' is taken as written. The rendered CEL is checked
+    to be IMAGE_RULE and evaluated here by its two operations (in, startsWith);
+    tests/security/test_admission_policy.py asks the apiserver."""
+    prefixes = ["registry.example.com", "mirror.example.com/ml/modelserver", "ports.example.com:"]
+    docs = render("--set-json", f"admissionPolicy.allowedImagePrefixes={json.dumps(prefixes)}")
+    policy = authors(docs, "ValidatingAdmissionPolicy")
+    (rule,) = [v for v in policy["spec"]["validations"] if v["messageExpression"].startswith("'spec.image: ")]
+    assert rule["expression"] == IMAGE_RULE
+    lists = ("images", "imageStarts", "imageNames")  # CEL list literals written as JSON
+    variables = {
+        v["name"]: json.loads(v["expression"]) for v in policy["spec"]["variables"] if v["name"] in lists
+    }
+    assert variables["images"] == prefixes  # the message lists them as given
+
+    def admitted(image: str) -> bool:
+        starts, names = variables["imageStarts"], variables["imageNames"]
+        return image in names or any(image.startswith(p) for p in starts)
+
+    cases = {
+        "registry.example.com/x": True,
+        "registry.example.com/ml/modelserver:1.2": True,
+        "registry.example.com.evil.io/x": False,
+        "registry.example.comx/y": False,
+        "registry.example.com:5000/x": False,  # another port is another registry: list it
+        "registry.example.com": False,  # read as docker.io/library/registry.example.com
+        "mirror.example.com/ml/modelserver": True,
+        "mirror.example.com/ml/modelserver:1.2": True,
+        "mirror.example.com/ml/modelserver@sha256:" + "0" * 64: True,
+        "mirror.example.com/ml/modelserver/cpu:1": True,
+        "mirror.example.com/ml/modelserver-evil:1": False,
+        "mirror.example.com/ml/other:1": False,
+        "ports.example.com:5000/x": True,  # ends in ':': as written
+        "ports.example.com/x": False,
+    }
+    assert {image: admitted(image) for image in cases} == cases
+
+
 def pods_policy(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return named(docs, "ValidatingAdmissionPolicy", "-pods")
 
