@@ -203,19 +203,25 @@ def fill(srv: ServerProcess, n: int, stop: threading.Event) -> list[threading.Th
 def test_overload_is_a_rate_limit_error(client: OpenAI, gen_server: ServerProcess) -> None:
     """Two running and two waiting sequences fill the server (conftest's gen_server): the next request is a
     429, which the SDK raises as RateLimitError, with Retry-After."""
-    stop = threading.Event()
-    threads = fill(gen_server, 4, stop)
-    try:
-        assert held(gen_server) >= 4, "four streams did not fill the server's running and waiting places"
-        with pytest.raises(openai.RateLimitError) as info:
-            client.completions.create(model=GEN_MODEL, prompt=PROMPT, max_tokens=4)
-        assert int(info.value.response.headers["retry-after"]) >= 1
-        server_message(info.value)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(30)
-    wait_idle(gen_server)
+    refused: openai.RateLimitError | None = None
+    for _ in range(3):  # a fast machine may finish the held answers before the fifth request: then again
+        stop = threading.Event()
+        threads = fill(gen_server, 4, stop)
+        try:
+            if held(gen_server) >= 4:
+                client.completions.create(model=GEN_MODEL, prompt=PROMPT, max_tokens=4)
+        except openai.RateLimitError as e:
+            refused = e
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        wait_idle(gen_server)
+        if refused is not None:
+            break
+    assert refused is not None, "four held streams never made the fifth request a RateLimitError"
+    assert int(refused.response.headers["retry-after"]) >= 1
+    server_message(refused)
 
 
 def wait_idle(srv: ServerProcess, timeout: float = 60.0) -> None:
