@@ -274,7 +274,10 @@ class GenerationEngine:
                 latest.ready.clear()
                 out = latest.output
                 if out is not None:
-                    if out.error:
+                    if out.error:  # the tokens it made before the failure first: a slow reader's
+                        # latest output can be this one, holding tokens it has not been handed yet
+                        if len(out.generated_tokens) > sent:
+                            yield list(out.generated_tokens[sent:]), False
                         raise ServerError(f"generation failed: {out.error}")
                     finished = out.is_finished()
                     if len(out.generated_tokens) > sent or finished:
