@@ -34,6 +34,7 @@ from starlette.routing import request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import __version__
+from . import gen_openai as oa
 from . import openai_embeddings as oai_emb
 from .batching import BatchingError
 from .door import EMBEDDINGS_PATH, MAX_BODY, RID_OK, Door, arrival, drain_body, is_infer, request_id
@@ -87,9 +88,20 @@ def error_response(status: int, message: str, retry_after: float | None = None) 
 # -- the {"error": ...} contract: FastAPI's exception handlers -----------------------------------------------
 
 
+def _openai_route(request: Request) -> bool:
+    """Whether the refusal answers an OpenAI route (``/v1/...``), whose clients read OpenAI's error
+    shape (modelserver.gen_openai.error_fields); the OIP routes keep ``{"error": "..."}``."""
+    return str(request.scope.get("path", "")).startswith("/v1/")
+
+
 async def _server_error(request: Request, exc: ServerError | BatchingError) -> Response:
     """A :class:`ServerError` or a :class:`BatchingError`: its status, ``Retry-After`` on 429, 503 and 504."""
     retry_after = exc.retry_after if exc.status in (429, 503, 504) else None
+    if _openai_route(request):
+        headers = None if retry_after is None else {"retry-after": str(max(1, math.ceil(retry_after)))}
+        param = oa.param_of(exc) if isinstance(exc, ServerError) else None
+        doc = oa.error_fields(exc.status, str(exc), param, getattr(exc, "code", None) or exc.reason)
+        return json_response(exc.status, doc, headers)
     return error_response(exc.status, str(exc), retry_after)
 
 
@@ -102,7 +114,8 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
         message = "use POST for infer" if path.endswith("/infer") else f"method {method} not allowed"
     else:
         message = str(exc.detail)
-    return json_response(exc.status_code, {"error": message}, exc.headers)
+    doc = oa.error_fields(exc.status_code, message) if _openai_route(request) else {"error": message}
+    return json_response(exc.status_code, doc, exc.headers)
 
 
 async def _invalid_request(request: Request, exc: RequestValidationError) -> Response:

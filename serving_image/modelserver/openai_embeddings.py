@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InvalidInput
+from .gen_openai import FieldError
 
 
 class EmbeddingRequest(BaseModel):
@@ -38,20 +39,22 @@ class EmbeddingRequest(BaseModel):
 
 
 def parse(doc: Any) -> EmbeddingRequest:
-    """The request, or :class:`InvalidInput` naming each bad field (``field: message``)."""
+    """The request, or :class:`~modelserver.gen_openai.FieldError` naming each bad field (``field: message``;
+    ``param``: the first)."""
     if not isinstance(doc, dict):
         raise InvalidInput("the body must be a JSON object")
     try:
         return EmbeddingRequest.model_validate(doc)
     except ValidationError as e:
-        parts = []
+        parts, first = [], None
         for err in e.errors(include_url=False):
             loc = ".".join(str(p) for p in err["loc"][:1])  # the field, not pydantic's union branches
             msg = "not a supported field" if err["type"] == "extra_forbidden" else err["msg"]
             if loc == "input":
                 msg = "a string or a list of strings (token ids are not supported)"
             parts.append(f"{loc}: {msg}")
-        raise InvalidInput("; ".join(dict.fromkeys(parts))) from None
+            first = first or loc or None
+        raise FieldError(first, "; ".join(dict.fromkeys(parts))) from None
 
 
 def answer(model: str, vectors: np.ndarray, encoding: str, prompt_tokens: int) -> dict[str, Any]:

@@ -64,11 +64,18 @@ async def test_a_model_without_embeddings_answers_404_and_keeps_serving() -> Non
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=ModelServerApp(svc)), base_url="http://t")
     try:
         r = await client.post("/v1/embeddings", json={"model": "echo", "input": "hi"})
-        assert r.status_code == 404 and "gives no embeddings" in r.json()["error"]
+        assert r.status_code == 404 and "gives no embeddings" in r.json()["error"]["message"]
         wrong = await client.post("/v1/embeddings", json={"model": "nope", "input": "hi"})
-        assert wrong.status_code == 404 and "nope" in wrong.json()["error"]
+        assert wrong.status_code == 404 and "nope" in wrong.json()["error"]["message"]
         bad = await client.post("/v1/embeddings", content=b"{")
-        assert bad.status_code == 400 and "not JSON" in bad.json()["error"]
+        assert bad.status_code == 400 and "not JSON" in bad.json()["error"]["message"]
+        # OpenAI's shape on the OpenAI route, the field named; the OIP routes keep {"error": "..."}
+        dims = (
+            await client.post("/v1/embeddings", json={"model": "echo", "input": "hi", "dimensions": 8})
+        ).json()
+        assert dims["error"]["param"] == "dimensions" and dims["error"]["type"] == "invalid_request_error"
+        oip = await client.post("/v2/models/nope/infer", json={"inputs": []})
+        assert oip.status_code == 404 and isinstance(oip.json()["error"], str)
         assert (
             await client.post(
                 "/v2/models/echo/infer",
