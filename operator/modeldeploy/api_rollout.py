@@ -120,7 +120,10 @@ class JudgeSpec(ApiModel):
     errors of the revision's requests in it."""
 
     method: Literal["mannWhitney"] = Field(
-        default="mannWhitney", description="Mann-Whitney U test with a Hodges-Lehmann effect estimate."
+        default="mannWhitney",
+        description="Mann-Whitney U test with a Hodges-Lehmann effect estimate, beside Welch's t-test on the "
+        "mean (a canary slow in a share of its intervals moves the mean, not the median). No sample is "
+        "trimmed as an outlier.",
     )
     confidence: float = Field(
         default=0.98, ge=0.5, le=0.9999, description="An increase is significant when p < 1 - confidence."
@@ -129,8 +132,9 @@ class JudgeSpec(ApiModel):
         default=0.25,
         gt=0,
         le=10,
-        description="Latency: the largest allowed increase over the stable's median, as a fraction (0.25 = "
-        "+25 %). A significant larger increase fails the window.",
+        description="Latency: the largest allowed increase over the stable's median (and mean), as a "
+        "fraction (0.25 = +25 %). A significant larger increase of either fails the window, and so does an "
+        "interval of the increase that lies wholly above this, however wide.",
     )
     max_error_increase: float = Field(
         default=0.01,
