@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from gen_support import collect, prompts_of, reference
 from modelserver import gen_sampling
 from modelserver.errors import ServerError
 from modelserver.gen_engine import GenerationEngine, GenerationUnavailable, Limits, Sampling
@@ -38,30 +39,6 @@ async def own(loaded: Any) -> AsyncIterator[OwnEngine]:
 def engine_of(own: OwnEngine, eos: int | None, max_running: int = SLOTS) -> GenerationEngine:
     limits = Limits(context=own.max_len, max_tokens=own.max_len, max_waiting=64, max_running=max_running)
     return GenerationEngine(own, limits, eos)
-
-
-def reference(loaded: Any, prompt: list[int], n: int) -> list[int]:
-    model, tok = loaded
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id
-        )
-    return [int(t) for t in out[0][len(prompt) :]]
-
-
-def prompts_of(tok: Any, lengths: list[int]) -> list[list[int]]:
-    text = (
-        "Permission is hereby granted, free of charge, to any person obtaining a copy of this software " * 20
-    )
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    return [ids[i : i + n] for i, n in enumerate(lengths)]
-
-
-async def collect(
-    engine: GenerationEngine, prompt: list[int], sampling: Sampling, delay: float = 0.0
-) -> list[int]:
-    await asyncio.sleep(delay)
-    return [t async for step in engine.stream(prompt, sampling) for t in step.tokens]
 
 
 async def settled(engine: GenerationEngine, own: OwnEngine) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from gen_support import collect, prompts_of, reference
 from modelserver.errors import InvalidInput
 from modelserver.gen_app import GenerationApp
 from modelserver.gen_engine import GenerationEngine, Limits, Sampling
@@ -40,33 +41,6 @@ async def own(loaded: Any) -> AsyncIterator[OwnEngine]:
 def engine(own: OwnEngine, loaded: Any) -> GenerationEngine:
     limits = Limits(context=own.max_len, max_tokens=100, max_waiting=16, max_running=SLOTS)
     return GenerationEngine(own, limits, loaded[1].eos_token_id)
-
-
-def reference(loaded: Any, prompt: list[int], n: int) -> list[int]:
-    model, tok = loaded
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=tok.pad_token_id
-        )
-    return [int(t) for t in out[0][len(prompt) :]]
-
-
-async def collect(
-    engine: GenerationEngine, prompt: list[int], sampling: Sampling, delay: float = 0.0
-) -> list[int]:
-    await asyncio.sleep(delay)
-    tokens: list[int] = []
-    async for step in engine.stream(prompt, sampling):
-        tokens += step.tokens
-    return tokens
-
-
-def prompts_of(tok: Any, lengths: list[int]) -> list[list[int]]:
-    text = (
-        "Permission is hereby granted, free of charge, to any person obtaining a copy of this software " * 20
-    )
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    return [ids[i : i + n] for i, n in enumerate(lengths)]
 
 
 @pytest.mark.parametrize("min_gain", [PER_ROW_MIN_GAIN, -1, 10**9], ids=["default", "row-by-row", "batched"])
