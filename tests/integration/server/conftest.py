@@ -177,7 +177,7 @@ def gen_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     log = tmp_path_factory.mktemp("gen") / "server.log"
     srv = start_gen_server(
         log,
-        ["--kv-cache-tokens", "1024", "--max-context-tokens", "512", "--max-new-tokens", "400",
+        ["--kv-cache-tokens", "4096", "--max-context-tokens", "2048", "--max-new-tokens", "2000",
          "--max-running-sequences", "2", "--max-waiting-sequences", "2"],
     )  # fmt: skip
     try:
