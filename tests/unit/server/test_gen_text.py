@@ -134,7 +134,12 @@ def test_text_that_a_clean_up_could_still_rewrite_waits_for_the_next_token(token
     assert a.feed(ids[4:], final=True) == " know what you're saying, really."
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=500,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(
     raw=st.text(st.sampled_from(" 'ntvremsx.?,!"), max_size=16), cuts=st.lists(st.integers(0, 16), max_size=6)
 )
@@ -247,7 +252,12 @@ def case(draw: Any, tok: Any, random_ids: bool) -> tuple[list[int], list[str], l
 @pytest.mark.parametrize(
     ("name", "random_ids"), [("bert", True), ("byte_bpe", True), ("byte_bpe_cleanup", True), ("sp", False)]
 )
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(data=st.data())
 def test_streamed_equals_whole_equals_the_cut_whole_decode(
     tokenizers: Any, name: str, random_ids: bool, data: Any
