@@ -80,9 +80,12 @@ def json_response(status: int, doc: Any, headers: Mapping[str, str] | None = Non
     return Response(orjson.dumps(doc), status, headers, JSON)
 
 
+def _retry_headers(retry_after: float | None) -> dict[str, str] | None:
+    return None if retry_after is None else {"retry-after": str(max(1, math.ceil(retry_after)))}
+
+
 def error_response(status: int, message: str, retry_after: float | None = None) -> Response:
-    headers = None if retry_after is None else {"retry-after": str(max(1, math.ceil(retry_after)))}
-    return json_response(status, {"error": message}, headers)
+    return json_response(status, {"error": message}, _retry_headers(retry_after))
 
 
 # -- the {"error": ...} contract: FastAPI's exception handlers -----------------------------------------------
@@ -98,10 +101,9 @@ async def _server_error(request: Request, exc: ServerError | BatchingError) -> R
     """A :class:`ServerError` or a :class:`BatchingError`: its status, ``Retry-After`` on 429, 503 and 504."""
     retry_after = exc.retry_after if exc.status in (429, 503, 504) else None
     if _openai_route(request):
-        headers = None if retry_after is None else {"retry-after": str(max(1, math.ceil(retry_after)))}
         param = oa.param_of(exc) if isinstance(exc, ServerError) else None
         doc = oa.error_fields(exc.status, str(exc), param, getattr(exc, "code", None) or exc.reason)
-        return json_response(exc.status, doc, headers)
+        return json_response(exc.status, doc, _retry_headers(retry_after))
     return error_response(exc.status, str(exc), retry_after)
 
 

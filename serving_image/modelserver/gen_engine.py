@@ -274,16 +274,15 @@ class GenerationEngine:
                 latest.ready.clear()
                 out = latest.output
                 if out is not None:
-                    if out.error:  # the tokens it made before the failure first: a slow reader's
-                        # latest output can be this one, holding tokens it has not been handed yet
-                        if len(out.generated_tokens) > sent:
-                            yield list(out.generated_tokens[sent:]), False
-                        raise ServerError(f"generation failed: {out.error}")
-                    finished = out.is_finished()
+                    # a failed output's tokens go out first: a slow reader's latest output can be the
+                    # failing one, holding tokens it has not been handed yet
+                    finished = out.is_finished() and not out.error
                     if len(out.generated_tokens) > sent or finished:
                         new = list(out.generated_tokens[sent:])
                         sent += len(new)
                         yield new, finished
+                    if out.error:
+                        raise ServerError(f"generation failed: {out.error}")
                 if latest.preempted and not finished:
                     return
         finally:
