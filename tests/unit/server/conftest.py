@@ -90,6 +90,19 @@ def loaded(gen_model_dir: Path) -> Any:
     return model, AutoTokenizer.from_pretrained(gen_model_dir)
 
 
+@pytest.fixture
+async def own(loaded: Any) -> Any:
+    """A started own engine of gen_support's sizes over ``loaded``'s model; stopped after the test."""
+    from gen_support import BUDGET, KV_TOKENS, SLOTS
+    from modelserver.gen_own_engine import build_own_engine
+
+    engine = build_own_engine(
+        loaded[0], kv_cache_tokens=KV_TOKENS, max_batch_tokens=BUDGET, max_sequences=SLOTS
+    )
+    yield engine
+    engine.stop(block=True, timeout=10)
+
+
 # ------------------------------------------------------------------------------- S3 (test_fetch*.py)
 
 

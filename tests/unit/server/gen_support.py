@@ -1,5 +1,5 @@
-"""What the own engine's unit tests share: the reference answer, a stream collected, prompts cut from one
-text."""
+"""What the own engine's unit tests share: its sizes, the reference answer, a stream collected, prompts cut
+from one text (the engine itself: conftest's ``own``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ from typing import Any
 
 import torch
 from modelserver.gen_engine import GenerationEngine, Sampling
+
+#: the own engine of these tests: slots of 160 tokens; 24 tokens per step, so long prompts are chunked
+SLOTS, KV_TOKENS, BUDGET = 3, 3 * 160, 24
 
 
 def reference(loaded: Any, prompt: list[int], n: int) -> list[int]:

@@ -8,32 +8,21 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import torch
-from gen_support import collect, prompts_of, reference
+from gen_support import SLOTS, collect, prompts_of, reference
 from modelserver import gen_sampling
 from modelserver.errors import ServerError
 from modelserver.gen_engine import GenerationEngine, GenerationUnavailable, Limits, Sampling
-from modelserver.gen_own_engine import Output, OwnEngine, build_own_engine
+from modelserver.gen_own_engine import Output, OwnEngine
 from modelserver.gen_sampling import RowSampling, filtered, next_tokens
-
-SLOTS, KV_TOKENS, BUDGET = 3, 3 * 160, 24  # slots of 160 tokens; 24 tokens per step
 
 
 def poisoned(n: int) -> Sampling:
     """Sampled with a top_p that passes a ``> 0`` check and is 0 in float32."""
     return Sampling(n, temperature=1.0, top_p=1e-46)
-
-
-@pytest.fixture
-async def own(loaded: Any) -> AsyncIterator[OwnEngine]:
-    model, _ = loaded
-    engine = build_own_engine(model, kv_cache_tokens=KV_TOKENS, max_batch_tokens=BUDGET, max_sequences=SLOTS)
-    yield engine
-    engine.stop(block=True, timeout=10)
 
 
 def engine_of(own: OwnEngine, eos: int | None, max_running: int = SLOTS) -> GenerationEngine:

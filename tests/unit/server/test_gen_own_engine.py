@@ -6,13 +6,12 @@ within its configured size, and a seeded sampled answer is the same whatever run
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 import torch
-from gen_support import collect, prompts_of, reference
+from gen_support import BUDGET, KV_TOKENS, SLOTS, collect, prompts_of, reference
 from modelserver.errors import InvalidInput
 from modelserver.gen_app import GenerationApp
 from modelserver.gen_engine import GenerationEngine, Limits, Sampling
@@ -20,21 +19,10 @@ from modelserver.gen_own_engine import (
     PER_ROW_MIN_GAIN,
     OwnEngine,
     Sequence,
-    build_own_engine,
     per_row_contexts,
 )
 from modelserver.gen_sampling import RowSampling, filtered
 from modelserver.metrics import Metrics
-
-SLOTS, KV_TOKENS, BUDGET = 3, 3 * 160, 24  # slots of 160 tokens; 24 tokens per step: long prompts chunked
-
-
-@pytest.fixture
-async def own(loaded: Any) -> AsyncIterator[OwnEngine]:
-    model, _ = loaded
-    engine = build_own_engine(model, kv_cache_tokens=KV_TOKENS, max_batch_tokens=BUDGET, max_sequences=SLOTS)
-    yield engine
-    engine.stop(block=True, timeout=10)
 
 
 @pytest.fixture
