@@ -637,6 +637,11 @@ def test_operator_killed_mid_rollout_resumes(
     verdicts = [v for _, v in windows]
     if not bad:
         assert list(dict.fromkeys(s[0] for s in w.steps())) == [0, 1, 2]
-        assert verdicts == ["Pass"] * 3  # one judged window per step: none repeated, none skipped
+        # one passing window per step: none repeated, none skipped. A window with fewer requests than
+        # minRequests (the canary's first seconds of traffic on a loaded machine: CI saw one) is no data,
+        # judges nothing and holds the step, so it may come before a pass, never after the last one.
+        judged = [v for v in verdicts if v != "NoData"]
+        assert judged == ["Pass"] * 3, verdicts
+        assert verdicts[-1] == "Pass", verdicts
     else:
         assert verdicts.count("Fail") == 2 and verdicts[-1] == "Fail"  # failureLimit 2, then one rollback
