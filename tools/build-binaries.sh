@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the pinned local-cluster binaries (kube-apiserver, kube-controller-manager, kube-scheduler,
 # kube-proxy, kubectl, etcd, kwok, helm, prometheus, traefik, versitygw, coredns, kstatus) from the Go modules under tools/ and caches them
-# outside the repository. Each binary is keyed by its version and a hash of its module's go.mod/go.sum and build
+# outside the repository. And the real node's: kubelet, containerd (+ containerd-shim-runc-v2, ctr), runc
+# (cgo; needs Debian's libseccomp-dev to build), the CNI plugins (cni-bin/: bridge, host-local, loopback,
+# portmap), pause (gcc -static, tools/pause/pause.c), modeldeploy-device-plugin (fake nvidia.com/gpu), crictl. Each binary is keyed by its version and a hash of its module's go.mod/go.sum and build
 # flags, so fresh clones reuse them and a change rebuilds only what it touches.
 # Prints the directory holding all of them (symlinks into the store) on stdout.
 # Cold build on 2 cores, from empty Go and binary caches: 14 min on a quiet machine, 22 with other work
@@ -21,14 +23,23 @@ KEDA_VERSION=v2.21.0          # must match tools/keda/go.mod
 VERSITYGW_VERSION=v1.8.0      # must match tools/versitygw/go.mod
 COREDNS_VERSION=v1.15.0       # must match tools/coredns/go.mod
 KSTATUS_VERSION=v0.37.2       # sigs.k8s.io/cli-utils; must match tools/kstatus/go.mod
+CONTAINERD_VERSION=v2.4.2     # must match tools/containerd/go.mod
+RUNC_VERSION=v1.5.3           # must match tools/runc/go.mod
+CNI_PLUGINS_VERSION=v1.10.0   # must match tools/cni-plugins/go.mod
+PAUSE_VERSION=v3.10.2         # kubernetes' build/pause/Makefile TAG, for tools/pause/pause.c
+DEVICE_PLUGIN_API_VERSION=v0.37.2  # k8s.io/kubelet (deviceplugin/v1beta1); must match tools/deviceplugin/go.mod
+CRICTL_VERSION=v1.37.0        # sigs.k8s.io/cri-tools; must match tools/crictl/go.mod
 cache="${MODELDEPLOY_BIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modeldeploy}"
 store="$cache/store"
 mkdir -p "$store"
 links=()
 
-build() {  # build <module dir> <output name> <version> <package> [ldflags] [extra build tags]
+# build <module dir> <output name> <version> <package> [ldflags] [extra build tags]
+# With CGO_ENABLED=1 in its environment (runc only) the key says so; the others' keys are unchanged.
+build() {
   local dir=$1 out=$2 version=$3 pkg=$4 ldflags=${5:-} tags=selinux,notest${6:+,$6}
   local flags="-trimpath -tags $tags -ldflags=-s -w $ldflags"
+  [[ $CGO_ENABLED == 1 ]] && flags+=" cgo"
   local key
   key="$( (cat "$here/$dir/go.mod" "$here/$dir/go.sum"; echo "$pkg $flags") | sha256sum | cut -c1-12)"
   local target="$store/$out-$version-$key"
@@ -125,6 +136,47 @@ build_keda() {
   echo "built keda in $((SECONDS - start))s (at $(date +%T))" >&2
 }
 
+# build_cni: the CNI plugins the real node's containerd runs (bridge, host-local, loopback, portmap), made by
+# one `go build` into one directory, linked as cni-bin (containerd's bin_dir for CNI). The module is pinned
+# by tools/cni-plugins/go.sum, part of the key.
+build_cni() {
+  local m=github.com/containernetworking/plugins
+  local pkgs="$m/plugins/main/bridge $m/plugins/ipam/host-local $m/plugins/main/loopback $m/plugins/meta/portmap"
+  local ldflags="-X $m/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION"
+  local key target start tmp
+  key="$( (cat "$here/cni-plugins/go.mod" "$here/cni-plugins/go.sum"; echo "$pkgs -trimpath -ldflags=-s -w $ldflags") \
+    | sha256sum | cut -c1-12)"
+  target="$store/cni-plugins-$CNI_PLUGINS_VERSION-$key"
+  links+=("cni-bin=$target")
+  [[ -d "$target" ]] && return 0
+  echo "building cni plugins $CNI_PLUGINS_VERSION (bridge host-local loopback portmap) ..." >&2
+  start=$SECONDS
+  tmp="$target.tmp.$$"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  # shellcheck disable=SC2086  # $pkgs is a list of packages
+  (cd "$here/cni-plugins" && go build -trimpath -ldflags "-s -w $ldflags" -o "$tmp/" $pkgs)
+  [[ -d "$target" ]] || mv "$tmp" "$target"
+  rm -rf "$tmp"
+  echo "built cni plugins in $((SECONDS - start))s (at $(date +%T))" >&2
+}
+
+# build_pause: the pod sandbox's pause process, from tools/pause/pause.c (kubernetes v1.37.2's
+# build/pause/linux/pause.c, unchanged), static like kubernetes' own; keyed by the source and flags.
+build_pause() {
+  local cflags="-Os -Wall -Werror -static -DVERSION=$PAUSE_VERSION"
+  local key target
+  key="$( (cat "$here/pause/pause.c"; echo "gcc $cflags") | sha256sum | cut -c1-12)"
+  target="$store/pause-$PAUSE_VERSION-$key"
+  links+=("pause=$target")
+  [[ -x "$target" ]] && return 0
+  echo "building pause $PAUSE_VERSION (tools/pause/pause.c) ..." >&2
+  # shellcheck disable=SC2086  # $cflags is a list of flags
+  gcc $cflags -o "$target.tmp.$$" "$here/pause/pause.c"
+  strip "$target.tmp.$$"
+  mv "$target.tmp.$$" "$target"
+  echo "built pause" >&2
+}
+
 minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
 kv=""
 for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -147,6 +199,17 @@ lane1() {
   build k8s kube-scheduler "$K8S_VERSION" k8s.io/kubernetes/cmd/kube-scheduler "$kv"
   build k8s kube-proxy "$K8S_VERSION" k8s.io/kubernetes/cmd/kube-proxy "$kv"
   build k8s kubectl "$K8S_VERSION" k8s.io/kubernetes/cmd/kubectl "$kv"
+  # The real node: the kubelet, containerd (no btrfs snapshotter: it needs cgo; the shim without grpc,
+  # as containerd's Makefile builds it), and below in lane 2 runc, the CNI plugins, pause, the device plugin.
+  build k8s kubelet "$K8S_VERSION" k8s.io/kubernetes/cmd/kubelet "$kv"
+  local cv="-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION"
+  cv+=" -X github.com/containerd/containerd/v2/version.Revision=module"
+  build containerd containerd "$CONTAINERD_VERSION" github.com/containerd/containerd/v2/cmd/containerd "$cv" \
+    no_btrfs,urfave_cli_no_docs
+  build containerd containerd-shim-runc-v2 "$CONTAINERD_VERSION" \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 "$cv" no_btrfs,urfave_cli_no_docs,no_grpc
+  build containerd ctr "$CONTAINERD_VERSION" github.com/containerd/containerd/v2/cmd/ctr "$cv" \
+    no_btrfs,urfave_cli_no_docs
   build kwok kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
   # versitygw's go.mod has no replace directives: built like the others from its wrapper module.
   build versitygw versitygw "$VERSITYGW_VERSION" github.com/versity/versitygw/cmd/versitygw \
@@ -162,6 +225,18 @@ lane2() {
   build_traefik
   # CoreDNS with the plugins of tools/coredns/main.go only (the local cluster's cluster DNS).
   build coredns coredns "$COREDNS_VERSION" .
+  # runc needs cgo (libcontainer/nsenter is C) and, with the seccomp tag, libseccomp-dev to build
+  # (libseccomp2 to run: dynamically linked). Its version comes from its embedded VERSION file. Not
+  # the libpathrs tag of its Makefile (a Rust library); runc then uses its pure-Go pathrs-lite.
+  CGO_ENABLED=1 build runc runc "$RUNC_VERSION" github.com/opencontainers/runc "" seccomp,urfave_cli_no_docs
+  build_cni
+  build_pause
+  # The fake GPU device plugin (tools/deviceplugin/main.go): its source hash is part of the key, as kstatus'.
+  build deviceplugin modeldeploy-device-plugin "$DEVICE_PLUGIN_API_VERSION" . \
+    "-X main.sourceHash=$(sha256sum "$here/deviceplugin/main.go" | cut -c1-12)"
+  # crictl, to look into the real node's containerd (its CRI) when debugging.
+  build crictl crictl "$CRICTL_VERSION" sigs.k8s.io/cri-tools/cmd/crictl \
+    "-X sigs.k8s.io/cri-tools/pkg/version.Version=${CRICTL_VERSION#v}"
 }
 
 # One build at a time per binary cache: a second caller (a test asking for the binaries while
