@@ -1,7 +1,13 @@
 """``up``'s steps, in the order they run (:meth:`BringUp.run`): the credentials, etcd, kube-apiserver,
 RBAC, CoreDNS, the controllers, kwok and the node agent, Prometheus, the nodes, kube-proxy, the object
 store, the Gateway API CRDs; then, once the control plane is ready, Traefik and KEDA; last, the waits
-on the data plane and the URLs written to the state directory."""
+on the data plane and the URLs written to the state directory.
+
+With ``node="containerd"`` the pods run on a real node instead of the process agent
+(:mod:`localcluster.realnode`): containerd and the kubelet start after the kwok nodes (which are then
+tainted, so that only pods tolerating them land there) and before kube-proxy, which takes the real node's
+name and pod range; the device plugin starts once the kubelet registered, and ``up`` waits last for the
+node Ready with its GPUs."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import httpx
 import yaml
 
 from . import clusterdns, config, podnet
+from . import realnode_config as rnc
 from .kubeapi import CRD_PATH, KubeAPI
 from .objectstore_config import s3_credentials
 from .pki import CertificateAuthority, KeyPair, service_account_keys
@@ -47,9 +54,12 @@ class BringUp:
         *,
         audit: bool,
         keda: bool,
+        node: str = "process",
     ) -> None:
         self.starter, self.layout, self.rec, self.bin_dir, self.net = starter, layout, rec, bin_dir, net
         self.audit, self.keda = audit, keda
+        self.real_node = node == "containerd"
+        self.notes: list[str] = []  # what up prints besides its URLs (the real node's images)
         self.ports = rec.ports
         self.deadline = time.monotonic() + timeout
         self.server = f"https://127.0.0.1:{self.ports['apiserver']}"
@@ -70,6 +80,8 @@ class BringUp:
         self.start_kwok_and_agent()
         self.start_prometheus()
         self.create_nodes()
+        if self.real_node:
+            self.start_real_node()
         self.start_kube_proxy()
         self.start_object_store()
         self.create_gateway_crds()
@@ -77,6 +89,8 @@ class BringUp:
         self.start_gateway()
         keda_api_service = self.start_keda() if self.keda else None
         self.wait_for_data_plane(keda_api_service)
+        if self.real_node:
+            self.node.wait_ready(self.api, self.left())
         self.publish_urls()
 
     # ----- before any process --------------------------------------------------------------------
@@ -131,6 +145,17 @@ class BringUp:
         except ValueError as exc:
             raise ClusterError(str(exc)) from None
         self.prom_pair = self.ca.issue("prometheus", "localcluster-prometheus")
+        self.kubelet_client = None
+        if self.real_node:
+            from .realnode import RealNode
+
+            self.node = RealNode(self.starter, layout, self.bin_dir, net, self.ca, self.server_in_net)
+            self.node.check_binaries()
+            # the apiserver's client certificate for the kubelet's 10250 (logs, exec): system:masters, so
+            # the kubelet's webhook authorization (a SubjectAccessReview) allows it
+            self.kubelet_client = self.ca.issue(
+                "apiserver-kubelet-client", "kube-apiserver-kubelet-client", org="system:masters"
+            )
 
     # ----- the control plane ---------------------------------------------------------------------
     def start_etcd(self) -> None:
@@ -165,6 +190,7 @@ class BringUp:
                 service_cidr=self.net.service_cidr,
                 audit_log=audit_log,
                 audit_policy=audit_policy,
+                kubelet_client=self.kubelet_client,
             )
             + config.aggregation_layer_args(
                 front_proxy_ca=self.front_proxy_ca, proxy_client=self.proxy_client
@@ -248,6 +274,8 @@ class BringUp:
                 pod_cidr=self.net.kwok_cidr,
             ),
         )
+        if self.real_node:
+            return  # the real node runs every pod
         self.starter.start(
             "node-agent",
             [
@@ -273,7 +301,7 @@ class BringUp:
                     apiserver=self.server,
                     ca=self.ca.pair.cert,
                     client=self.prom_pair,
-                    pod_cidr=net.agent_cidr,
+                    pod_cidr=rnc.node_pod_cidr(net.index) if self.real_node else net.agent_cidr,
                 )
             )
         )
@@ -293,11 +321,25 @@ class BringUp:
 
     def create_nodes(self) -> None:
         for node in config.default_nodes():
+            if self.real_node:
+                # kwok's nodes stay (for pods that tolerate them: scale tests) but nothing lands there
+                # by accident: every other pod goes to the real node
+                node["spec"]["taints"] = [rnc.KWOK_TAINT]
             self.api.create("/api/v1/nodes", node)
         self.api.create(
             "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices",
             config.kubernetes_endpointslice(host_ip=self.net.host_ip, port=self.ports["apiserver"]),
         )
+
+    def start_real_node(self) -> None:
+        """containerd (and the images), the kubelet, registered; then the device plugin."""
+        node = self.node
+        node.prepare_host()
+        node.start_containerd(self.left())
+        self.notes += node.import_images()
+        node.start_kubelet()
+        node.wait_registered(self.api, self.left())
+        node.start_device_plugin()
 
     # ----- the data plane, inside the pod network ------------------------------------------------
     def start_kube_proxy(self) -> None:
@@ -308,10 +350,11 @@ class BringUp:
             yaml.safe_dump(
                 config.kube_proxy_config(
                     kubeconfig_path=self.proxy_kcfg,
-                    node_name=config.GPU_NODE,
+                    node_name=rnc.NODE_NAME if self.real_node else config.GPU_NODE,
                     bind_ip=self.net.anchor_ip,
-                    cluster_cidr=self.net.agent_cidr,
+                    cluster_cidr=rnc.node_pod_cidr(self.net.index) if self.real_node else self.net.agent_cidr,
                     mode=self.proxy_mode,
+                    masquerade_all=self.real_node and self.node.masquerade_all,
                 )
             )
         )
@@ -349,11 +392,14 @@ class BringUp:
                     self.gateway_crds.append(doc["metadata"]["name"])
 
     def _nodes_ready(self) -> bool:
+        """kwok's nodes Ready (the real node is waited on last)."""
         items = (self.api.get("/api/v1/nodes") or {}).get("items", [])
+        kwok_names = {n["metadata"]["name"] for n in config.default_nodes()}
         ready = [
             n
             for n in items
-            if any(
+            if n["metadata"]["name"] in kwok_names
+            and any(
                 c["type"] == "Ready" and c["status"] == "True"
                 for c in n.get("status", {}).get("conditions", [])
             )

@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ class Cluster:
     gateway_url: str = ""  # the shared Gateway (Traefik), reachable from the host and from pods
     s3_url: str = ""  # the object store (versitygw), reachable from the host and from pods
     prometheus_url_pods: str = ""  # Prometheus as pods (and KEDA) reach it; "" where unknown
+    node: str = "process"  # who runs pods: the process agent or the real node ("containerd")
 
 
 def binaries_dir() -> Path:
@@ -96,6 +98,7 @@ def running_cluster(state_dir: Path) -> Cluster | None:
         rec.gateway_url,
         rec.s3_url,
         rec.prometheus_url_pods,
+        rec.node,
     )
 
 
@@ -105,7 +108,19 @@ def keda_enabled() -> bool:
     return os.environ.get("LOCALCLUSTER_KEDA", "1") != "0"
 
 
-def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True, keda: bool | None = None) -> Cluster:
+def up(
+    state_dir: Path,
+    *,
+    timeout: float = 120.0,
+    audit: bool = True,
+    keda: bool | None = None,
+    node: str = "process",
+) -> Cluster:
+    """Start a cluster in ``state_dir`` (or return the one running there). ``node``: ``"process"`` (pods
+    of our images run as host processes by the node agent) or ``"containerd"`` (a real node: kubelet,
+    containerd, runc, CNI and a fake GPU device plugin; see :mod:`localcluster.realnode`)."""
+    if node not in ("process", "containerd"):
+        raise ValueError(f"node must be 'process' or 'containerd', not {node!r}")
     existing = running_cluster(state_dir)
     if existing is not None:
         return existing
@@ -114,7 +129,7 @@ def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True, keda: boo
     layout = Layout(state_dir)
     for d in (layout.root, layout.pki, layout.logs, layout.kwok_dir, layout.prometheus_dir, layout.agent_dir):
         d.mkdir(parents=True, exist_ok=True)
-    rec = ClusterRecord(state_dir=str(state_dir))
+    rec = ClusterRecord(state_dir=str(state_dir), node=node, bin_dir=str(bin_dir))
     names = ("etcd", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kwok", "prometheus")
     rec.ports = {n: free_port() for n in names}
     rec.save()
@@ -125,7 +140,7 @@ def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True, keda: boo
     rec.save()
     starter = Starter(layout, rec)
     try:
-        BringUp(
+        bringup = BringUp(
             starter,
             layout,
             rec,
@@ -134,7 +149,11 @@ def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True, keda: boo
             timeout,
             audit=audit,
             keda=keda_enabled() if keda is None else keda,
-        ).run()
+            node=node,
+        )
+        bringup.run()
+        for note in bringup.notes:
+            print(f"localcluster: {note}", file=sys.stderr)
     except BaseException:
         down(state_dir, keep_logs_on_error=True)
         raise
@@ -147,6 +166,7 @@ def up(state_dir: Path, *, timeout: float = 120.0, audit: bool = True, keda: boo
         rec.gateway_url,
         rec.s3_url,
         rec.prometheus_url_pods,
+        rec.node,
     )
 
 
@@ -172,6 +192,10 @@ def _stop_pid(pid: int, timeout: float) -> None:
 def down(state_dir: Path, *, keep_logs_on_error: bool = False) -> None:
     """Stop everything ``up`` started (agent first, so it stops its pods), then remove the state."""
     rec = ClusterRecord.load(state_dir)
+    if rec is not None and rec.node == "containerd":
+        from .realnode import teardown
+
+        teardown(state_dir, rec)  # while the pod network and the apiserver are still there
     if rec is not None:
         order = {
             "node-agent": 0,

@@ -57,7 +57,12 @@ def apiserver_args(
     service_cidr: str,
     audit_log: Path | None = None,
     audit_policy: Path | None = None,
+    kubelet_client: KeyPair | None = None,
 ) -> list[str]:
+    """``kubelet_client``: the cluster has a real kubelet (``up --node containerd``), so the apiserver
+    authorizes nodes (the Node authorizer: a kubelet reads and writes only its own node and its pods'
+    objects) and reaches the kubelet's 10250 (logs, exec) with this client certificate, checking the
+    kubelet's serving certificate against the cluster CA, at the node's InternalIP."""
     args = [
         str(bin_dir / "kube-apiserver"),
         f"--etcd-servers=http://127.0.0.1:{etcd_port}",
@@ -73,12 +78,19 @@ def apiserver_args(
         f"--service-account-signing-key-file={sa.key}",
         f"--service-account-issuer=https://127.0.0.1:{secure_port}",
         f"--service-cluster-ip-range={service_cidr}",
-        "--authorization-mode=RBAC",
+        "--authorization-mode=" + ("Node,RBAC" if kubelet_client else "RBAC"),
         "--allow-privileged=true",
         "--enable-priority-and-fairness=false",
         "--profiling=false",
         "--v=1",
     ]
+    if kubelet_client:
+        args += [
+            f"--kubelet-client-certificate={kubelet_client.cert}",
+            f"--kubelet-client-key={kubelet_client.key}",
+            f"--kubelet-certificate-authority={ca.cert}",
+            "--kubelet-preferred-address-types=InternalIP",
+        ]
     if audit_log and audit_policy:
         args += [
             f"--audit-log-path={audit_log}",

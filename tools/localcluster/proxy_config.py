@@ -25,12 +25,20 @@ def proxy_mode(*, have_nft: bool, have_iptables: bool) -> str:
 
 
 def kube_proxy_config(
-    *, kubeconfig_path: Path, node_name: str, bind_ip: str, cluster_cidr: str, mode: str
+    *,
+    kubeconfig_path: Path,
+    node_name: str,
+    bind_ip: str,
+    cluster_cidr: str,
+    mode: str,
+    masquerade_all: bool = False,
 ) -> dict[str, Any]:
     """kube-proxy's KubeProxyConfiguration. It runs inside the cluster's pod network namespace
     (``bind_ip`` is that namespace's anchor address): its rules live there, and nothing it does touches
-    the host's conntrack limits, timeouts or OOM scores."""
-    return {
+    the host's conntrack limits, timeouts or OOM scores. ``masquerade_all``: the real node's pods share a
+    bridge, and without br_netfilter a reply to a pod that reached another through a Service would be
+    bridged past the conntrack that undoes the DNAT (:meth:`localcluster.realnode.RealNode.prepare_host`)."""
+    cfg: dict[str, Any] = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig_path)},
@@ -54,6 +62,9 @@ def kube_proxy_config(
         "oomScoreAdj": 0,
         "logging": {"verbosity": 1},
     }
+    if masquerade_all:
+        cfg["masqueradeAll"] = True
+    return cfg
 
 
 def kube_proxy_args(bin_dir: Path, *, config_path: Path) -> list[str]:

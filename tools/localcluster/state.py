@@ -45,6 +45,8 @@ class ClusterRecord:
     prometheus_url_pods: str = ""
     gateway_url: str = ""  # the shared Gateway (Traefik on the pod network's anchor address)
     s3_url: str = ""  # the object store (versitygw on the pod network's anchor address)
+    node: str = "process"  # who runs pods: the process agent, or "containerd" (the real node, realnode.py)
+    bin_dir: str = ""  # the binaries the cluster was started from
 
     @property
     def path(self) -> Path:
