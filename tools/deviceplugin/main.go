@@ -128,6 +128,9 @@ func main() {
 		os.Exit(2)
 	}
 	log.SetPrefix("modeldeploy-device-plugin: ")
+	if dir, err := filepath.Abs(c.pluginDir); err == nil {
+		c.pluginDir = dir // the kubelet's socket is dialled as unix://<absolute path>
+	}
 	log.Printf("source %s: %d devices as %s in %s", sourceHash, c.devices, c.resource, c.pluginDir)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
