@@ -192,8 +192,10 @@ class Kube:
         }
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def session_cluster(tmp_path_factory: pytest.TempPathFactory, *, node: str = "process") -> Iterator[Cluster]:
+    """The body of a session ``cluster`` fixture: the cluster ``E2E_KUBECONFIG`` names, or a fresh local
+    one whose pods run on ``node`` (``"process"``: the node agent; ``"containerd"``: the real node, as
+    tests/node/conftest.py asks), torn down at the end."""
     external = os.environ.get("E2E_KUBECONFIG")
     if external:
         yield Cluster(
@@ -207,11 +209,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         )
         return
     state = tmp_path_factory.mktemp("localcluster")
-    c = up(state)
+    c = up(state, node=node)
     try:
         yield c
     finally:
         down(state)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    yield from session_cluster(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
