@@ -8,7 +8,9 @@ directory is fixed, so this tier never runs beside another real-node session.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,9 +44,11 @@ def real_node(kube: Kube) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def python_image(real_node: dict[str, Any]) -> str:
-    """An image of ours with Python on the node (imported at ``up`` from ``make images``' archives)."""
-    names = {n for img in real_node["status"].get("images", []) for n in img.get("names", [])}
+def python_image(crictl: list[str]) -> str:
+    """An image of ours with Python on the node (imported at ``up`` from ``make images``' archives), as
+    the CRI lists it (the node's ``status.images`` lags behind by a status update)."""
+    out = subprocess.run([*crictl, "images", "-o", "json"], capture_output=True, text=True, check=True)
+    names = {t for img in json.loads(out.stdout)["images"] for t in img.get("repoTags") or []}
     for image in PYTHON_IMAGES:
         if image in names:
             return image

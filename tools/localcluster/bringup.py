@@ -336,7 +336,10 @@ class BringUp:
         node = self.node
         node.prepare_host()
         node.start_containerd(self.left())
+        started = time.monotonic()
         self.notes += node.import_images()
+        # a first import (3 GB of serving image: about a minute) is not the cluster being slow to start
+        self.deadline += time.monotonic() - started
         node.start_kubelet()
         node.wait_registered(self.api, self.left())
         node.start_device_plugin()
