@@ -14,7 +14,7 @@ Modules, by layer (operator -> reconciler -> plan -> canary -> builders -> api):
   :mod:`.fallback` (the CPU fallback), :mod:`.routing` (Gateway API routes), :mod:`.autoscaling` (KEDA),
   :mod:`.analysis` (queries and verdicts) with :mod:`.judge_stats` (the statistical judge),
   :mod:`.promql_scope` (a custom query held to its namespace), :mod:`.status` / :mod:`.diff` (status and
-  what changed);
+  what changed), :mod:`.oom` (containers killed for their memory limit, from pod statuses);
 * I/O: :mod:`.reconciler` (one reconcile), :mod:`.measurements` and :mod:`.promclient` (Prometheus,
   off the reconcile path), :mod:`.kube` (the apiserver), :mod:`.childcache` and :mod:`.resync` (what the
   watches and LISTs saw), :mod:`.events` (Events, posted in the background), :mod:`.notify` (rollout

@@ -69,6 +69,9 @@ REVISION_HASH_LENGTH = 10
 SERVER_COMMAND = ["python", "-m", "modelserver"]
 GPU_RESOURCE = "nvidia.com/gpu"
 RUN_AS_USER = 10001
+#: where the server writes a model it downloads (http(s)://) or unpacks (an archive): the image's
+#: MODELSERVER_DOWNLOAD_DIR. The root filesystem is read-only, so it is an emptyDir of its own
+DOWNLOAD_DIR = "/var/lib/modelserver"
 
 
 # ---------------------------------------------------------------------------------------------- revision
@@ -295,6 +298,7 @@ def pod_template(md: ModelDeployment, spec: ModelDeploymentSpec, revision: str) 
         "securityContext": copy.deepcopy(CONTAINER_SECURITY),
         "volumeMounts": [
             {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "downloads", "mountPath": DOWNLOAD_DIR},
             {"name": "podinfo", "mountPath": PODINFO_DIR, "readOnly": True},
             *source.server_mounts,
         ],
@@ -314,6 +318,7 @@ def pod_template(md: ModelDeployment, spec: ModelDeploymentSpec, revision: str) 
         },
         "volumes": [
             {"name": "tmp", "emptyDir": {}},
+            {"name": "downloads", "emptyDir": {}},
             {
                 "name": "podinfo",
                 "downwardAPI": {

@@ -61,6 +61,7 @@ from .gate_stage import (
     promotion_waiting,
     waiting,
 )
+from .oom import describe as describe_oom
 from .rollout_context import ReconcileContext, seconds_of, window_due
 from .rollout_types import (
     FAILED_KINDS,
@@ -373,7 +374,7 @@ def _canary(ctx: ReconcileContext) -> Decision:
     """A canary of the current revision: each state function in turn, until one decides."""
     cs = _deploying(ctx)
     decision: CanaryDecision | None = None
-    for state in (_command, shadowing, before_first_step, _step, promotion_waiting, _judging):
+    for state in (_command, _oom_killed, shadowing, before_first_step, _step, promotion_waiting, _judging):
         cs, decision = state(ctx, cs)
         if decision is not None:
             break
@@ -444,6 +445,16 @@ def _command(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryD
         )
         return replace(cs, step=cs.step + 1, started=None, waiting=None), None
     return cs, None
+
+
+def _oom_killed(ctx: ReconcileContext, cs: CanaryStep) -> tuple[CanaryStep, CanaryDecision | None]:
+    """A canary pod's container killed by the kernel for its memory limit fails the canary at once, in
+    any stage (shadow, a closed gate, a step, paused too): the revision cannot serve within its limit,
+    and waiting for ``progressDeadline`` would only hide why."""
+    kill = ctx.counts.get(ctx.current, RevisionCounts()).oom
+    if kill is None:
+        return cs, None
+    return cs, RollBack("RolledBack", describe_oom(kill))
 
 
 def _split(ctx: ReconcileContext, step: int) -> tuple[int, int]:

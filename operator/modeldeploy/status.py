@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from .api import Condition, ModelDeploymentStatus
 from .builders import ANNOTATION_SHADOW, LABEL_REVISION, READINESS_GATE
 from .model_storage import FetchFailure, fetch_failure
+from .oom import OOMKill, oom_kill, worst
 
 READY = "Ready"
 PROGRESSING = "Progressing"
@@ -55,6 +56,7 @@ class PodFacts:
     gate: str | None  # status of the modeldeploy.io/in-traffic condition, None when absent
     shadow: str | None = None  # the modeldeploy.io/shadow annotation (where it copies requests)
     fetch_failure: FetchFailure | None = None  # the model fetch init container's last failure
+    oom: OOMKill | None = None  # a container the kernel killed for its memory limit
 
 
 def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -79,6 +81,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
         gate=conds.get(READINESS_GATE, {}).get("status"),
         shadow=(meta.get("annotations") or {}).get(ANNOTATION_SHADOW),
         fetch_failure=fetch_failure(pod),
+        oom=oom_kill(pod),
     )
 
 
@@ -91,6 +94,8 @@ class RevisionCounts:
     scheduling_message: str | None = None
     fetch_failed: int = 0  # pods whose model fetch failed (and not fetched since)
     fetch_failure: FetchFailure | None = None  # one of their failures (the first by reason, message)
+    oom_killed: int = 0  # pods with a container OOM-killed (its last termination)
+    oom: OOMKill | None = None  # the one to report (:func:`modeldeploy.oom.worst`)
     #: ready addresses in the EndpointSlices of the revision's Service -- what a gateway routes to (it
     #: learns a pod is Ready from the EndpointSlice, after the pod's own status says so); None where the
     #: slices are not observed (every routing mode but gatewayAPI)
@@ -110,7 +115,15 @@ def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
             continue
         a = acc.setdefault(
             p.revision,
-            {"current": 0, "ready": 0, "pods_in_traffic": 0, "unschedulable": 0, "messages": [], "fetch": []},
+            {
+                "current": 0,
+                "ready": 0,
+                "pods_in_traffic": 0,
+                "unschedulable": 0,
+                "messages": [],
+                "fetch": [],
+                "oom": [],
+            },
         )
         a["current"] += 1
         a["ready"] += int(p.containers_ready)
@@ -121,6 +134,8 @@ def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
                 a["messages"].append(p.scheduling_message)
         if p.fetch_failure is not None:
             a["fetch"].append(p.fetch_failure)
+        if p.oom is not None:
+            a["oom"].append(p.oom)
     return {
         rev: RevisionCounts(
             current=a["current"],
@@ -131,6 +146,8 @@ def count_pods(pods: Iterable[PodFacts]) -> dict[str, RevisionCounts]:
             scheduling_message=sorted(a["messages"])[0] if a["messages"] else None,
             fetch_failed=len(a["fetch"]),
             fetch_failure=min(a["fetch"], key=lambda f: (f.reason, f.message)) if a["fetch"] else None,
+            oom_killed=len(a["oom"]),
+            oom=worst(a["oom"]),
         )
         for rev, a in acc.items()
     }

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from . import builders, model_storage
+from . import builders, model_storage, oom
 from . import rollout_types as rt
 from .api import (
     Condition,
@@ -175,7 +175,7 @@ def wanted_conditions(
         decision.progressing_message,
     )
     model_c = model_available(md, current, counts)
-    degraded_c = degraded_condition(decision, revisions, model_c, error)
+    degraded_c = degraded_condition(decision, revisions, model_c, error, oom_message(decision, counts))
     wanted = [ready_c, progressing_c, degraded_c]
     if model_c is not None:
         wanted.append(model_c)
@@ -192,19 +192,34 @@ def wanted_conditions(
     return [*wanted, *kstatus_conditions(progressing_c, degraded_c)]
 
 
+def oom_message(decision: rt.Decision, counts: Mapping[str, RevisionCounts]) -> str | None:
+    """The revisions kept running whose containers the kernel killed and that are down now (a canary's
+    kill fails the canary instead: :mod:`modeldeploy.canary`); None when there are none. One that came
+    back up is not reported: its ``lastState`` keeps the kill for the pod's whole life."""
+    said = []
+    for t in decision.targets:
+        pods = counts.get(t.revision, RevisionCounts())
+        if t.role != "old" and pods.oom is not None and pods.oom.down:
+            said.append(f"revision {t.revision}: {pods.oom_killed} pod(s): {oom.describe(pods.oom)}")
+    return "; ".join(said) or None
+
+
 def degraded_condition(
     decision: rt.Decision,
     revisions: Sequence[RevisionStatus],
     model_c: ConditionSpec | None,
     error: str | None,
+    oom_killed: str | None = None,
 ) -> ConditionSpec:
-    """Degraded, by the first reason that holds: an error, the rollout's own, unschedulable pods, the
-    model."""
+    """Degraded, by the first reason that holds: an error, the rollout's own, containers OOM-killed,
+    unschedulable pods, the model."""
     unschedulable = [r for r in revisions if r.unschedulable_replicas]
     if error is not None:
         return ConditionSpec(DEGRADED, "True", "ReconcileError", error)
     if decision.degraded_reason is not None:
         return ConditionSpec(DEGRADED, "True", decision.degraded_reason, decision.degraded_message)
+    if oom_killed is not None:
+        return ConditionSpec(DEGRADED, "True", oom.OOM_KILLED, oom_killed)
     if unschedulable:
         return ConditionSpec(
             DEGRADED,

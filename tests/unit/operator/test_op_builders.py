@@ -183,6 +183,19 @@ def test_restricted_pod_security():
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["securityContext"]["runAsUser"] > 0
+    assert sc["readOnlyRootFilesystem"] is True
+
+
+def test_what_the_server_writes_is_an_emptydir_under_a_read_only_root():
+    """torch, the HF libraries and tempfile write under /tmp; a downloaded or unpacked model goes to the
+    image's MODELSERVER_DOWNLOAD_DIR: both are emptyDirs, so a read-only root keeps them working."""
+    dep = deployment(make_md())
+    pod = dep["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in container(dep)["volumeMounts"]}
+    for path in ("/tmp", b.DOWNLOAD_DIR):
+        assert vols[mounts[path]] == {"name": mounts[path], "emptyDir": {}}
+    assert b.DOWNLOAD_DIR == "/var/lib/modelserver"
 
 
 def test_model_and_batching_settings_reach_the_server():
