@@ -10,7 +10,7 @@ PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 nftables deps test test-setup binaries-niced checks-without-binaries \
         test-cluster system-packages test-unit test-integration test-e2e lint lint-code lint-chart \
-        cluster-up cluster-down demo rehearsal bench-serving bench-serving-shadow bench-generate bench-gpu bench-operator bench-canary bench-judge bench-storage bench-chaos crds e2e-kind shellcheck clean
+        cluster-up cluster-down demo images rehearsal bench-serving bench-serving-shadow bench-generate bench-gpu bench-operator bench-canary bench-judge bench-storage bench-chaos crds e2e-kind shellcheck clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-storage   model fetch from the local S3 vs plain boto3; pod-Ready cold vs node cache"
 	@echo "make bench-chaos     fault injection on the local cluster: what clients saw, time to resume; the generation soak"
 	@echo "make bench-judge     the statistical judge on the local cluster: false positives (identical) and power (30 % slower)"
+	@echo "make images      the operator, modelserver and pause images with buildah (no Docker): OCI archives (docs/images.md)"
 	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
 	@echo "make rehearsal   the fresh-machine rehearsal: .ci/run on a clone of main with empty Go and binary caches"
 	@echo "make e2e-kind    the e2e suite on kind with a GPU worker (docs/gpu-kind.md)"
@@ -108,7 +109,7 @@ lint: lint-code lint-chart
 lint-code: venv shellcheck
 	$(VENV)/bin/ruff check operator serving_image tools/localcluster tests bench
 	$(VENV)/bin/ruff format --check operator serving_image tools/localcluster tests bench
-	shellcheck .ci/run tools/e2e-kind.sh tools/build-binaries.sh tools/fresh-rehearsal.sh
+	shellcheck .ci/run tools/e2e-kind.sh tools/build-binaries.sh tools/fresh-rehearsal.sh tools/build-images.sh
 	$(VENV)/bin/hadolint --config tests/unit/chart/hadolint.yaml operator/Dockerfile serving_image/Dockerfile
 	MYPYPATH=operator:serving_image:tools $(VENV)/bin/mypy -p modeldeploy -p modelserver -p localcluster
 
@@ -172,6 +173,11 @@ crds: venv
 	$(PY) -m modeldeploy.crdgen > crds/modeldeployment.yaml
 	$(PY) -m modeldeploy.crdgen --peering > crds/kopfpeering.yaml
 	cp crds/*.yaml charts/modeldeploy/crds/
+
+# The three images built here with buildah, no Docker engine or registry: OCI archives under
+# ~/.cache/modeldeploy/images, their names and paths printed (docs/images.md)
+images:
+	tools/build-images.sh
 
 # A fresh machine's CI, rehearsed: clone main, empty Go/binary caches, .ci/run (REHEARSAL_ARGS: --cold-pip, --keep, ...)
 rehearsal:
