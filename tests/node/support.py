@@ -1,5 +1,5 @@
 """Pods for the real-node tests: a small Python HTTP server (``python -m http.server``-like, printing its
-GPU env first), started and waited on."""
+GPU env first, serving a one-line ``/metrics.txt`` from its working directory), started and waited on."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from localcluster.testing import Kube, wait_for
 
 SERVER = (
     "import http.server, os; "
+    "open('metrics.txt', 'w').write('node_test_served 1\\n'); "
     "print('NVIDIA_VISIBLE_DEVICES=' + os.environ.get('NVIDIA_VISIBLE_DEVICES', ''), flush=True); "
     "http.server.ThreadingHTTPServer(('', 8080), http.server.SimpleHTTPRequestHandler).serve_forever()"
 )

@@ -5,6 +5,7 @@ reaches pod IPs (Prometheus and Traefik do) and ClusterIPs."""
 from __future__ import annotations
 
 import httpx
+from localcluster.cluster import Cluster
 from localcluster.testing import Kube, wait_for
 
 from .support import py, run_pod, server_pod
@@ -56,3 +57,22 @@ def test_pods_reach_the_apiserver_services_and_the_host_reaches_pods(
     # the host: the pod IP (routed into the pod network's namespace) and the ClusterIP
     assert httpx.get(f"http://{server['status']['podIP']}:8080/", timeout=5).status_code == 200
     assert httpx.get(f"http://{ip}/", timeout=5).status_code == 200
+
+
+def test_prometheus_on_the_host_scrapes_a_pod_on_the_real_node(
+    kube: Kube, namespace: str, python_image: str, cluster: Cluster
+) -> None:
+    pod = server_pod("scraped", python_image)
+    pod["metadata"]["annotations"] = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8080",
+        "prometheus.io/path": "/metrics.txt",  # text/plain: Prometheus 3 refuses octet-stream
+    }
+    run_pod(kube, namespace, pod)
+    query = f'node_test_served{{namespace="{namespace}", pod="scraped"}}'
+
+    def scraped() -> bool:
+        r = httpx.get(f"{cluster.prometheus_url}/api/v1/query", params={"query": query}, timeout=5)
+        return bool(r.json()["data"]["result"])
+
+    wait_for(scraped, timeout=30, what=f"{query} in Prometheus")

@@ -8,9 +8,10 @@ import json
 import subprocess
 from typing import Any
 
+import pytest
 from localcluster import realnode
 from localcluster import realnode_config as rc
-from localcluster.cluster import Cluster
+from localcluster.cluster import Cluster, ClusterError, up
 from localcluster.testing import Kube, wait_for
 
 from .support import py, run_pod, server_pod
@@ -95,3 +96,15 @@ def test_without_the_device_plugin_a_gpu_pod_stays_pending(
     finally:
         realnode.start_device_plugin(cluster.state_dir)
         wait_for(lambda: _allocatable_gpus(kube) == str(rc.GPU_DEVICES), timeout=60, what="GPUs back")
+
+
+def test_a_second_real_node_is_refused_and_the_first_keeps_running(
+    kube: Kube, namespace: str, python_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The kubelet's device-plugin directory is the machine's: a second ``up --node containerd`` stops
+    before it changes the host, and its ``down`` leaves the running node's cgroups and sockets alone."""
+    state = tmp_path_factory.mktemp("second")
+    with pytest.raises(ClusterError, match="one real node per machine"):
+        up(state, node="containerd")
+    assert _allocatable_gpus(kube) == str(rc.GPU_DEVICES)
+    run_pod(kube, namespace, server_pod("after", python_image, gpus=1))

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -60,6 +61,19 @@ def node_paths(state_dir: Path) -> rc.NodePaths:
     return rc.NodePaths(state_dir, containerd_root())
 
 
+KUBELET_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+
+
+def _kubelet_listening() -> bool:
+    """Whether a kubelet (another cluster's real node) serves the machine's one device-plugin socket."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(KUBELET_SOCKET))
+        except OSError:
+            return False
+    return True
+
+
 def _read_sysctl(key: str) -> int:
     return int(Path("/proc/sys", key).read_text().split()[0])
 
@@ -99,6 +113,11 @@ class RealNode:
         anything, then set the kubelet's sysctls, route the pod range into the namespace and let bridged
         pod traffic through the namespace's netfilter (kube-proxy's rules) when br_netfilter is there."""
         p = self.paths
+        if _kubelet_listening():
+            raise ClusterError(
+                f"a kubelet already serves {KUBELET_SOCKET}: one real node per machine (its device-plugin "
+                "directory is fixed); `down` the other cluster first"
+            )
         for d in (p.base, p.containerd_state, p.cni_conf_dir, p.cni_ipam_dir, p.kubelet_root, p.pod_logs):
             d.mkdir(parents=True, exist_ok=True)
         p.containerd_root.mkdir(parents=True, exist_ok=True)
@@ -229,7 +248,7 @@ def start_device_plugin(state_dir: Path) -> None:
         raise ClusterError(f"no cluster in {state_dir}")
     if any(p.name == "device-plugin" for p in rec.processes):
         return
-    bin_dir = Path(rec.processes[0].command[0]).parent  # etcd, from the binaries directory
+    bin_dir = Path(rec.bin_dir)
     layout = Layout(state_dir)
     argv = rc.device_plugin_args(bin_dir)
     with open(layout.log("device-plugin"), "ab") as logf:
@@ -335,18 +354,23 @@ def teardown(state_dir: Path, rec: ClusterRecord) -> None:
         if name in by_name:
             _stop(by_name[name].pid, 20)
     paths = node_paths(state_dir)
-    bin_dir = Path(rec.processes[0].command[0]).parent if rec.processes else None
-    if "containerd" in by_name and _alive(by_name["containerd"].pid) and bin_dir is not None:
+    if "containerd" in by_name and _alive(by_name["containerd"].pid) and rec.bin_dir:
         with contextlib.suppress(subprocess.SubprocessError, OSError):
-            _remove_pods(bin_dir, paths)
+            _remove_pods(Path(rec.bin_dir), paths)
     if "containerd" in by_name:
         _stop(by_name["containerd"].pid, 10)
     for pid in _shim_pids(paths.containerd_socket):
         _stop(pid, 5)
+    record = _load_record(paths)
+    if not record:
+        # up stopped before it changed the host (e.g. another cluster's real node runs): the cgroups,
+        # sockets and containerd root are not ours to touch
+        for point in mounts_under(paths.base):
+            subprocess.run(["umount", "-l", point], capture_output=True)
+        return
     for point in mounts_under(paths.base, paths.containerd_root):
         subprocess.run(["umount", "-l", point], capture_output=True)
     _remove_cgroups()
-    record = _load_record(paths)
     for key, value in record.get("sysctls", {}).items():
         with contextlib.suppress(OSError):
             _write_sysctl(key, int(value))
@@ -354,7 +378,7 @@ def teardown(state_dir: Path, rec: ClusterRecord) -> None:
         if os.path.lexists(path):
             shutil.rmtree(path, ignore_errors=True)
     # the device plugin's and the kubelet's sockets, where /var/lib/kubelet was there before us
-    dp_dir = Path("/var/lib/kubelet/device-plugins")
+    dp_dir = KUBELET_SOCKET.parent
     for name in ("kubelet.sock", "modeldeploy-gpu.sock", "kubelet_internal_checkpoint"):
         with contextlib.suppress(OSError):
             (dp_dir / name).unlink()
