@@ -26,7 +26,7 @@ class OOMKill:
     pod: str
     memory_limit: str | None  # the container's limits.memory as the pod spec has it; None: no limit
     restarts: int  # the container's restartCount
-    down: bool  # killed and not running again (terminated, or waiting in CrashLoopBackOff)
+    down: bool  # killed and not ready again (terminated, in CrashLoopBackOff, or restarting)
 
 
 def _limits(pod: Mapping[str, Any]) -> dict[str, str | None]:
@@ -39,14 +39,16 @@ def _limits(pod: Mapping[str, Any]) -> dict[str, str | None]:
 
 
 def _killed(st: Mapping[str, Any]) -> bool | None:
-    """True: OOM-killed and down now; False: OOM-killed last time, running again; None: not OOM-killed.
+    """True: OOM-killed and down now; False: OOM-killed last time, ready again; None: not OOM-killed.
     ``state.terminated`` is the kill itself (until the kubelet restarts it); ``lastState.terminated``
-    stays the kill while it waits in CrashLoopBackOff and after it runs again."""
+    stays the kill while it waits in CrashLoopBackOff, while it starts again, and after it is ready.
+    Running but not ready is still down: a server killed while loading is restarted, runs a few
+    seconds and is killed again -- reporting it up in between would flap the condition every restart."""
     state = st.get("state") or {}
     if (state.get("terminated") or {}).get("reason") == OOM_KILLED:
         return True
     if ((st.get("lastState") or {}).get("terminated") or {}).get("reason") == OOM_KILLED:
-        return "running" not in state
+        return not ("running" in state and st.get("ready") is True)
     return None
 
 

@@ -143,6 +143,46 @@ def test_a_canary_oom_killed_by_the_kernel_is_rolled_back_naming_it_and_the_stab
     assert set(load.by_revision()) == {stable}
 
 
+def test_a_stable_revision_oom_killed_is_reported_and_kept(kube: Kube, namespace: str) -> None:
+    """A first revision with too small a limit has nothing to roll back to: Degraded=True reason
+    OOMKilled naming it, an OOMKilled Warning event, and its Deployment left as it is (the kubelet keeps
+    restarting it; a new spec is the way out)."""
+    ns = namespace
+    kube.apply(noop_md("echo", "1", TOO_SMALL), ns)
+
+    def degraded() -> dict[str, Any] | None:
+        conds = md_status(kube, ns, "echo").get("conditions") or []
+        return next((c for c in conds if c["type"] == "Degraded" and c["reason"] == "OOMKilled"), None)
+
+    cond = wait_for(degraded, timeout=120, interval=0.2, what="Degraded=True reason OOMKilled")
+    assert cond["status"] == "True" and f"OOMKilled (memory limit {TOO_SMALL})" in cond["message"]
+    event = wait_for(
+        lambda: next((e for e in events(kube, ns, "echo") if e["reason"] == "OOMKilled"), None),
+        timeout=30,
+        what="an OOMKilled event",
+    )
+    # through the kubelet's restarts (back-off 10 s, then 20 s: each restart runs a second or so before
+    # the next kill) it stays reported: never a flap to AsExpected and back
+    deadline, reasons, restarts = time.monotonic() + 25, set(), 0
+    while time.monotonic() < deadline:
+        c = next(c for c in md_status(kube, ns, "echo")["conditions"] if c["type"] == "Degraded")
+        reasons.add(c["reason"])
+        for pod in kube.pods(ns, f"{b.LABEL_NAME}=echo"):
+            for cs in pod["status"].get("containerStatuses") or []:
+                restarts = max(restarts, int(cs.get("restartCount", 0)))
+        time.sleep(0.2)
+    assert reasons == {"OOMKilled"} and restarts >= 1, (reasons, restarts)
+    st = md_status(kube, ns, "echo")
+    degraded_events = [e for e in events(kube, ns, "echo") if e["reason"] in ("OOMKilled", "AsExpected")]
+    assert [e["reason"] for e in degraded_events] == ["OOMKilled"], degraded_events
+    print(f"\nDegraded: {cond['message']}\nevent: {event['type']} {event['message']}")
+    print(f"restarts seen: {restarts}")
+    assert event["type"] == "Warning"
+    assert [h["outcome"] for h in st.get("history") or []] == ["Deployed"]
+    dep = kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/echo-{st['revision']}")
+    assert dep is not None and dep["spec"]["replicas"] == 1
+
+
 NONROOT = (
     "import errno, os\n"
     "print('uid', os.getuid(), os.getgid())\n"

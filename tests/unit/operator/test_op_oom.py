@@ -45,9 +45,13 @@ def test_a_container_waiting_to_restart_after_the_kill_is_down():
     assert oom_kill(_pod(CRASHLOOP, OOM, restarts=3)) == OOMKill("server", "echo-abc-1", "150Mi", 3, True)
 
 
-def test_a_container_running_again_after_a_kill_is_reported_up():
-    k = oom_kill(_pod(RUNNING, OOM, restarts=1))
+def test_a_container_ready_again_after_a_kill_is_up_and_one_only_running_is_still_down():
+    ready = _pod(RUNNING, OOM, restarts=1)
+    ready["status"]["containerStatuses"][0]["ready"] = True
+    k = oom_kill(ready)
     assert k is not None and not k.down and k.restarts == 1
+    starting = oom_kill(_pod(RUNNING, OOM, restarts=1))  # restarted, not ready: killed again soon
+    assert starting is not None and starting.down
 
 
 def test_other_terminations_are_not_oom_kills():
@@ -135,7 +139,7 @@ def test_an_oom_killed_stable_is_reported_and_left_running():
     assert [e["type"] for e in w.fake.events if e["reason"] == "OOMKilled"] == ["Warning"]
     assert w.fake.obj("Deployment", f"minilm-{stable}")["spec"]["replicas"] == 2
     # it runs again (the kill stays in lastState for the pod's life): no longer Degraded
-    pod["status"]["containerStatuses"][0]["state"] = RUNNING
+    pod["status"]["containerStatuses"][0].update(state=RUNNING, ready=True)
     pod["status"]["conditions"] = [c for c in pod["status"]["conditions"] if c["type"] != "ContainersReady"]
     pod["status"]["conditions"].append({"type": "ContainersReady", "status": "True"})
     w.reconcile()
