@@ -39,7 +39,7 @@ from localcluster import realnode_config as rc
 from localcluster.kubeapi import service_url
 from localcluster.objectstore import ObjectStore
 from localcluster.state import REPO_ROOT
-from localcluster.testing import Kube, wait_for
+from localcluster.testing import Kube, WaitTimeout, wait_for
 
 from tests.e2e.canary_support import (
     LoadGenerator,
@@ -233,13 +233,39 @@ class PodClock:
         }
 
 
+def node_trouble(kube: Kube, namespaces: tuple[str, ...]) -> str:
+    """For a wait's failure message: the node's pressure conditions and taints (a shared disk that dips
+    under the kubelet's 1 % eviction threshold evicts pods and taints the node for 5 minutes), and the
+    last Warning events of ``namespaces``."""
+    node = kube.get(f"/api/v1/nodes/{rc.NODE_NAME}") or {}
+    conds = [
+        f"{c['type']}={c['status']}"
+        for c in (node.get("status") or {}).get("conditions") or []
+        if c["type"] != "Ready" and c["status"] == "True"
+    ]
+    taints = [t["key"] for t in (node.get("spec") or {}).get("taints") or []]
+    warnings = [
+        f"{e['involvedObject']['name']}: {e['reason']}: {e['message'][:200]}"
+        for ns in namespaces
+        for e in (kube.get(f"/api/v1/namespaces/{ns}/events") or {}).get("items", [])
+        if e.get("type") == "Warning"
+    ]
+    return f"node {rc.NODE_NAME}: {conds or 'no pressure'}, taints {taints}; warnings: {warnings[-6:]}"
+
+
 def until(what: str, pred: Callable[[], Any], timeout: float, clocks: tuple[PodClock, ...] = ()) -> Any:
     def check() -> Any:
         for c in clocks:
             c.poll()
         return pred()
 
-    return wait_for(check, timeout=timeout, interval=0.1, what=what)
+    try:
+        return wait_for(check, timeout=timeout, interval=0.1, what=what)
+    except WaitTimeout as exc:
+        kube = clocks[0].kube if clocks else None
+        if kube is None:
+            raise
+        raise WaitTimeout(f"{exc}\n{node_trouble(kube, tuple(c.ns for c in clocks))}") from None
 
 
 def last_outcome(st: dict[str, Any], revision: str) -> str | None:
@@ -431,7 +457,12 @@ def each_until(
                 got[r.mode] = (value, time.monotonic())
         return len(got) == len(rollouts)
 
-    wait_for(check, timeout=timeout, interval=0.1, what=what)
+    try:
+        wait_for(check, timeout=timeout, interval=0.1, what=what)
+    except WaitTimeout as exc:
+        late = [r.mode for r in rollouts if r.mode not in got]
+        trouble = node_trouble(rollouts[0].kube, tuple(r.ns for r in rollouts))
+        raise WaitTimeout(f"{exc} (not yet: {late})\n{trouble}") from None
     return got
 
 
