@@ -1,6 +1,8 @@
 """The operator for the real-node tier: the CRDs and the operator out of cluster (admin credentials), as
 tests/e2e's ``operator`` fixture runs it, under names of their own so that they never shadow a fixture
-the tier's conftest may define. Import the fixtures into a test module to use them."""
+the tier's conftest may define. Import the fixtures into a test module to use them. The operator lives
+for one module: another module of the tier may run an operator of its own (the chart's), and two
+operators must never reconcile the same ModelDeployments."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ def md_crds(kube: Kube) -> None:
     kube.api.wait_established("modeldeployments.modeldeploy.io")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def md_operator(
     kube: Kube, md_crds: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[subprocess.Popen[bytes]]:
