@@ -38,10 +38,12 @@ fi
 
 # ---- the working containers this run creates are removed on exit, whatever happens ----------------------
 containers=()
+untested="" # an image built but not (yet) through its smoke test: its name is taken off on exit
 tmp="$(mktemp -d)"
 cleanup() {
   local c
   for c in "${containers[@]}"; do buildah rm "$c" >/dev/null 2>&1 || true; done
+  [[ -z "$untested" ]] || buildah rmi "$untested" >/dev/null 2>&1 || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -104,7 +106,8 @@ if ! have_image "$BASE"; then
   rm -f "$tmp/rootfs.tar"
   buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd '["bash"]' \
     --label "org.opencontainers.image.title=modeldeploy-$SUITE-base" \
-    --label "org.opencontainers.image.description=debootstrap --variant=minbase $SUITE ($mirror)" "$c"
+    --label "org.opencontainers.image.description=debootstrap --variant=minbase $SUITE ($mirror)" \
+    --created-by "debootstrap --variant=minbase $SUITE $mirror; apt-get upgrade (tools/build-images.sh)" "$c"
   buildah run "$c" -- sh -c 'export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get upgrade -y -qq \
     && apt-get clean && rm -rf /var/lib/apt/lists/*' >"$tmp/upgrade.log" 2>&1 ||
     {
@@ -131,7 +134,8 @@ if ! have_image "$PYBASE"; then
     die "installing python into the base failed"
   }
   buildah config --label "org.opencontainers.image.title=modeldeploy-$SUITE-python-base" \
-    --label "org.opencontainers.image.description=$BASE + $PY_PACKAGES" "$c"
+    --label "org.opencontainers.image.description=$BASE + $PY_PACKAGES" \
+    --created-by "apt-get install $PY_PACKAGES (tools/build-images.sh)" "$c"
   buildah commit --quiet --rm "$c" "$PYBASE" >/dev/null
   log "made $PYBASE in $((SECONDS - start)) s"
 fi
@@ -176,9 +180,11 @@ image() { # image <var name> <ref> <key> <build: a function building $ref> <smok
   if [[ ! -s "$archive" ]]; then
     local start=$SECONDS
     log "building $ref (key $key) ..."
+    untested="$ref"
     "$build" "$ref"
     local built=$SECONDS
     "$check" "$ref"
+    untested=""
     mkdir -p "$cache"
     # docker.io/...: the name kubelet looks for (it normalises modeldeploy/operator:dev to it)
     buildah push --quiet --compression-format "$COMPRESSION" "$ref" "oci-archive:$archive.tmp:docker.io/$ref" >/dev/null
