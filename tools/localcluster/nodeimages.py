@@ -164,6 +164,21 @@ def write_binary_image(binary: Path, ref: str, out: Path, *, entrypoint: str = "
             tar.addfile(info, io.BytesIO(data))
 
 
+def superseded(images: dict[str, str], current: dict[str, str]) -> list[str]:
+    """The names of images that an import replaced: ``images`` is containerd's ``{name: target digest}``,
+    ``current`` the refs just imported with their digests. A name of one of our repositories, or a bare
+    ``sha256:`` ID (the CRI names every image by its ID too), whose digest is none of the current ones is
+    an older build that nothing runs (an ID name is kept while any other name still points at its
+    digest): each is a 3 GB archive's content plus its unpacked snapshot (the
+    disk filled to 1 GB free after a few rebuilds of the serving image, and the kubelet evicted pods)."""
+    repos = {ref.rsplit(":", 1)[0] for ref in current}
+    keep = set(current.values())
+    old_tags = {n for n, d in images.items() if d not in keep and n.rsplit(":", 1)[0] in repos}
+    named = {d for n, d in images.items() if not n.startswith("sha256:") and n not in old_tags}
+    old_ids = {n for n, d in images.items() if n.startswith("sha256:") and d not in named}
+    return sorted(old_tags | old_ids)
+
+
 # ----- containerd --------------------------------------------------------------------------------------
 class Ctr:
     """``ctr`` against the node's containerd, in the CRI's namespace."""
@@ -185,6 +200,12 @@ class Ctr:
             if len(cols) >= 3:
                 out[cols[0]] = cols[2]
         return out
+
+    def remove(self, names: list[str]) -> None:
+        """Remove these image names; ``--sync`` waits for containerd's garbage collection, which frees
+        the content and the unpacked snapshots nothing else names."""
+        if names:
+            self.run("images", "rm", "--sync", *names)
 
     def import_archive(self, archive: ImageArchive) -> bool:
         """Import unless containerd has the ref at the archive's digest; True when it imported."""

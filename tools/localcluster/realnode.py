@@ -175,6 +175,11 @@ class RealNode:
                 f"image {a.ref}: "
                 + (f"imported in {time.monotonic() - start:.1f}s" if done else "already in containerd")
             )
+        images = self.ctr.image_digests()
+        old = nodeimages.superseded(images, {a.ref: images[a.ref] for a in archives if a.ref in images})
+        self.ctr.remove(old)
+        if old:
+            notes.append(f"removed {len(old)} superseded image name(s) from containerd: {', '.join(old)}")
         return notes
 
     # ----- the kubelet ---------------------------------------------------------------------------

@@ -266,9 +266,10 @@ def kubelet_config(
     * ``protectKernelDefaults: true``: the kubelet checks the host sysctls instead of rewriting them;
       ``up`` sets them and ``down`` restores them (:data:`KUBELET_SYSCTLS`);
     * ``oomScoreAdj: 0``: lowering its own score (default -999) needs CAP_SYS_RESOURCE, which root lacks;
-    * image GC at 100 % and eviction thresholds at 1 %: the disk here is half full of other things, and
-      the serving image (6 GB) has nowhere to be pulled from again once collected; a test machine's disk
-      use must not taint the node with DiskPressure;
+    * image GC at 100 % and disk eviction thresholds at an absolute 500 MiB: the disk here is half full
+      of other things, and the serving image (6 GB) has nowhere to be pulled from again once collected;
+      a test machine's disk use must not taint the node with DiskPressure (1 % of this 252 GB disk is
+      2.5 GB, which a parallel image build once went under: the kubelet evicted the test's pods);
     * ``failSwapOn: false``: a machine with swap still runs the node (pods get no swap: NoSwap);
     * authentication by client certificate (the cluster CA) or token (webhook), no anonymous access;
       authorization by webhook (SubjectAccessReview), as kubeadm sets it: the apiserver's own client
@@ -277,7 +278,7 @@ def kubelet_config(
       ``dnsPolicy: Default`` get the namespace's resolv.conf (which also names it);
     * address and port 10250 on the anchor only; healthz on the namespace's loopback; no read-only port.
     """
-    one_pct = "1%"
+    floor = "500Mi"
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -305,10 +306,10 @@ def kubelet_config(
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {
             "memory.available": "100Mi",
-            "nodefs.available": one_pct,
-            "nodefs.inodesFree": one_pct,
-            "imagefs.available": one_pct,
-            "imagefs.inodesFree": one_pct,
+            "nodefs.available": floor,
+            "nodefs.inodesFree": "1%",
+            "imagefs.available": floor,
+            "imagefs.inodesFree": "1%",
         },
         "failSwapOn": False,
         "memorySwap": {"swapBehavior": "NoSwap"},

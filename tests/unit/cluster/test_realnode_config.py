@@ -61,7 +61,9 @@ def test_kubelet_config_runs_on_cgroup_v1_without_touching_the_host_behind_our_b
     assert cfg["authentication"]["x509"]["clientCAFile"] == "/pki/ca.crt"
     assert cfg["authorization"]["mode"] == "Webhook"
     assert cfg["imageGCHighThresholdPercent"] == 100
-    assert all(v == "1%" for k, v in cfg["evictionHard"].items() if k != "memory.available")
+    ev = cfg["evictionHard"]
+    assert ev["nodefs.available"] == ev["imagefs.available"] == "500Mi"  # absolute: 1 % of a big disk is GBs
+    assert ev["nodefs.inodesFree"] == ev["imagefs.inodesFree"] == "1%"
     assert cfg["clusterDNS"] == ["10.244.3.254"] and cfg["clusterDomain"] == "cluster.local"
     # nothing under /var/log or /usr/libexec: the pods' logs and volume plugins are the cluster's
     assert cfg["podLogsDir"].startswith("/state/") and cfg["volumePluginDir"].startswith("/state/")
@@ -159,3 +161,24 @@ def test_a_binary_image_is_an_oci_archive_whose_blobs_match_their_digests(tmp_pa
         digest = nodeimages.archive_digest(index).split(":")[1]
         manifest = json.load(tar.extractfile(f"blobs/sha256/{digest}"))  # type: ignore[arg-type]
     assert manifest["layers"][0]["mediaType"].endswith("tar+gzip")
+
+
+def test_superseded_images_are_older_builds_of_our_repositories_only() -> None:
+    from localcluster.nodeimages import superseded
+
+    images = {
+        "docker.io/modeldeploy/modelserver:dev": "sha256:new",
+        "docker.io/modeldeploy/modelserver:old": "sha256:old",  # another tag of our repository, older
+        "sha256:cfg-new": "sha256:new",  # the CRI's ID name of the current build: kept
+        "sha256:cfg-old": "sha256:old",  # the ID name of the build the import replaced
+        "docker.io/library/busybox:1": "sha256:other",  # not ours: left alone
+        "docker.io/modeldeploy/pause:3.10": "sha256:pause",
+    }
+    current = {
+        "docker.io/modeldeploy/modelserver:dev": "sha256:new",
+        "docker.io/modeldeploy/pause:3.10": "sha256:pause",
+    }
+    assert superseded(images, current) == ["docker.io/modeldeploy/modelserver:old", "sha256:cfg-old"]
+    images["sha256:cfg-busybox"] = "sha256:other"  # another image's ID name: kept with its tag
+    assert "sha256:cfg-busybox" not in superseded(images, current)
+    assert superseded(images, {}) == []  # nothing imported: every tag stays, and the IDs they name
