@@ -9,12 +9,12 @@ STAMP     := $(VENV)/.installed
 PYTEST    := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help venv binaries iproute2 nftables deps test test-setup binaries-niced checks-without-binaries \
-        test-cluster system-packages test-unit test-integration test-e2e lint lint-code lint-chart \
+        test-cluster test-node system-packages test-unit test-integration test-e2e lint lint-code lint-chart \
         cluster-up cluster-down demo images rehearsal bench-serving bench-serving-shadow bench-generate bench-gpu bench-operator bench-canary bench-judge bench-storage bench-chaos crds e2e-kind shellcheck clean
 
 help:
 	@echo "make demo        bring up the local cluster and run the main job on it"
-	@echo "make test        install what is missing; lint and unit tests beside the binaries build; then integration, e2e, chaos, security"
+	@echo "make test        install what is missing; lint and unit tests beside the binaries build; then the images, integration, e2e, chaos, security, the real node"
 	@echo "make lint        ruff check + format check, mypy, shellcheck, hadolint, helm lint"
 	@echo "make cluster-up / cluster-down   the local Kubernetes cluster alone"
 	@echo "make bench-serving / bench-operator / bench-canary   benchmarks (results under bench/results/)"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-storage   model fetch from the local S3 vs plain boto3; pod-Ready cold vs node cache"
 	@echo "make bench-chaos     fault injection on the local cluster: what clients saw, time to resume; the generation soak"
 	@echo "make bench-judge     the statistical judge on the local cluster: false positives (identical) and power (30 % slower)"
+	@echo "make test-node   the real-node tier alone: pods in containerd containers of our images (docs/local-cluster.md)"
 	@echo "make images      the operator, modelserver and pause images with buildah (no Docker): OCI archives (docs/images.md)"
 	@echo "make crds        regenerate crds/ from the pydantic API (operator/modeldeploy/api.py)"
 	@echo "make rehearsal   the fresh-machine rehearsal: .ci/run on a clone of main with empty Go and binary caches"
@@ -73,13 +74,24 @@ binaries-niced:
 checks-without-binaries: lint-code
 	$(PYTEST) tests/unit --ignore=tests/unit/chart
 
-test-cluster: deps lint-chart
+test-cluster: deps lint-chart images
 	$(PYTEST) tests/unit/chart
 	$(PYTEST) tests/integration
 	$(PYTEST) tests/e2e
 	$(PYTEST) tests/chaos
 	$(PYTEST) tests/security
 	$(E2E_CHART)
+	$(NODE_TESTS)
+
+# The real-node tier (docs/local-cluster.md "The real node"): pods in containerd containers of the images
+# `make images` built, the chart's operator among them, a fake GPU device plugin. The device plugin's own
+# Go test first (a fake kubelet). One real kubelet per machine (the device-plugin socket is fixed), so
+# every run takes the same lock.
+NODE_TESTS := (cd tools/deviceplugin && go test -count=1 .) && \
+	flock /tmp/modeldeploy-realnode.lock $(PYTEST) tests/node
+
+test-node: deps images
+	$(NODE_TESTS)
 
 test-unit: venv binaries
 	$(PYTEST) tests/unit
@@ -91,11 +103,13 @@ test-e2e: deps
 	$(PYTEST) tests/e2e
 	$(E2E_CHART)
 
-# iproute2, nftables, shellcheck and chromium (the dashboard's e2e test drives it headless) in one
+# iproute2, nftables, shellcheck, chromium (the dashboard's e2e test drives it headless), buildah and
+# debootstrap (make images) and libseccomp's headers (runc's build, tools/build-binaries.sh) in one
 # apt-get run (make test; the first three also have a target of their own)
 system-packages:
-	@missing=""; for p in ip:iproute2 nft:nftables shellcheck:shellcheck chromium:chromium; do \
-	  command -v "$${p%%:*}" >/dev/null || missing="$$missing $${p#*:}"; done; \
+	@missing=""; for p in ip:iproute2 nft:nftables shellcheck:shellcheck chromium:chromium buildah:buildah \
+	  debootstrap:debootstrap; do command -v "$${p%%:*}" >/dev/null || missing="$$missing $${p#*:}"; done; \
+	test -e /usr/include/seccomp.h || missing="$$missing libseccomp-dev"; \
 	if [ -n "$$missing" ]; then echo "installing Debian's$$missing ..."; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 
@@ -176,8 +190,8 @@ crds: venv
 
 # The three images built here with buildah, no Docker engine or registry: OCI archives under
 # ~/.cache/modeldeploy/images, their names and paths printed (docs/images.md)
-images:
-	tools/build-images.sh
+images: binaries
+	@tools/build-images.sh
 
 # A fresh machine's CI, rehearsed: clone main, empty Go/binary caches, .ci/run (REHEARSAL_ARGS: --cold-pip, --keep, ...)
 rehearsal:
