@@ -88,7 +88,7 @@ test-cluster: deps lint-chart images
 # Go test first (a fake kubelet). One real kubelet per machine (the device-plugin socket is fixed), so
 # every run takes the same lock.
 NODE_TESTS := (cd tools/deviceplugin && go test -count=1 .) && \
-	flock /tmp/modeldeploy-realnode.lock $(PYTEST) tests/node
+	MODELDEPLOY_NODE_REQUIRE_IMAGES=1 flock /tmp/modeldeploy-realnode.lock $(PYTEST) tests/node
 
 test-node: deps images
 	$(NODE_TESTS)

@@ -20,6 +20,8 @@ from localcluster import realnode_config as rc
 from localcluster.cluster import Cluster
 from localcluster.testing import Kube, session_cluster
 
+from .support import missing_image
+
 #: images with a Python interpreter, most wanted first: the tests run small scripts in them
 PYTHON_IMAGES = ("docker.io/modeldeploy/modelserver:dev", "docker.io/modeldeploy/operator:dev")
 
@@ -52,7 +54,7 @@ def python_image(crictl: list[str]) -> str:
     for image in PYTHON_IMAGES:
         if image in names:
             return image
-    pytest.skip(f"none of {PYTHON_IMAGES} on {rc.NODE_NAME}: run `make images` before the tier")
+    missing_image(f"none of {PYTHON_IMAGES} on {rc.NODE_NAME}: run `make images` before the tier")
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,24 @@ GPU env first, serving a one-line ``/metrics.txt`` from its working directory), 
 
 from __future__ import annotations
 
+import os
 import time
-from typing import Any
+from typing import Any, NoReturn
 
+import pytest
 from localcluster.testing import Kube, wait_for
+
+#: set by `make test` / `make test-node`, which build the images first: a missing image is then a failure
+#: of the set-up, not a reason to skip (a skipped tier must never read as a passing one)
+REQUIRE_IMAGES = "MODELDEPLOY_NODE_REQUIRE_IMAGES"
+
+
+def missing_image(message: str) -> NoReturn:
+    """Skip the test for want of ``make images`` -- or fail it where the images were required."""
+    if os.environ.get(REQUIRE_IMAGES):
+        pytest.fail(f"{message} (${REQUIRE_IMAGES} is set: the images were to be built first)")
+    pytest.skip(message)
+
 
 SERVER = (
     "import http.server, os; "

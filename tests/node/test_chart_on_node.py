@@ -50,6 +50,7 @@ from tests.e2e.canary_support import (
     pids,
 )
 from tests.e2e.conftest import minilm_model, minilm_uri
+from tests.node.support import missing_image
 
 sys.path.insert(0, str(REPO_ROOT / "tests" / "integration" / "chart"))
 import chart_cluster as cc
@@ -86,7 +87,7 @@ def images(crictl: list[str]) -> dict[str, str]:
     for image in (OPERATOR_IMAGE, SERVER_IMAGE):
         res = subprocess.run([*crictl, "inspecti", "-o", "json", image], capture_output=True, text=True)
         if res.returncode != 0:
-            pytest.skip(f"{image} not on {rc.NODE_NAME}: run `make images` before the tier")
+            missing_image(f"{image} not on {rc.NODE_NAME}: run `make images` before the tier")
         out[image] = json.loads(res.stdout)["status"]["id"]
     return out
 
