@@ -216,9 +216,14 @@ def session_cluster(tmp_path_factory: pytest.TempPathFactory, *, node: str = "pr
         down(state)
 
 
+#: the node the tiers' session cluster runs its pods on, when set: ``containerd`` puts any tier on the real
+#: node (docs/local-cluster.md "The real node"), to see what of it runs there before it moves
+NODE_ENV = "LOCALCLUSTER_NODE"
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    yield from session_cluster(tmp_path_factory)
+    yield from session_cluster(tmp_path_factory, node=os.environ.get(NODE_ENV) or "process")
 
 
 @pytest.fixture(scope="session")
