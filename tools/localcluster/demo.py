@@ -32,7 +32,7 @@ import yaml
 
 from . import demo_generation
 from .cluster import Cluster, binaries_dir, down, up
-from .demo_node import DemoStore, NodeChoice, choose_node, fit_minilm
+from .demo_node import DemoStore, NodeChoice, choose_node, fit_minilm, real_node_lock
 from .kubeapi import KubeAPI, ready_endpoints, service_url
 from .operator_process import operator_env
 from .state import REPO_ROOT, ClusterRecord, Layout, ProcessRecord
@@ -433,9 +433,14 @@ def _summary(demo: Demo, ns: str, name: str, load: Load) -> None:
 
 
 def run(state_dir: Path) -> int:
+    choice = choose_node()
+    with real_node_lock(choice):
+        return _run(state_dir, choice)
+
+
+def _run(state_dir: Path, choice: NodeChoice) -> int:
     keep = os.environ.get("DEMO_KEEP", "") not in ("", "0")
     started = time.monotonic()
-    choice = choose_node()
     where = "a real kubelet + containerd node" if choice.real else "node agent, kwok"
     say(
         "1. A real Kubernetes control plane on this machine (etcd, apiserver, scheduler, controllers,"
@@ -469,7 +474,9 @@ def run(state_dir: Path) -> int:
         print(f"\ndemo finished in {time.monotonic() - started:.0f}s")
         if keep:
             print(f"cluster kept: kubectl --kubeconfig {cluster.kubeconfig} get md")
-            print("stop it with: make cluster-down")
+            print(f"stop it with: python -m localcluster down --state-dir {state_dir}")
+            if choice.real:
+                print("(a real node: the next real-node run needs it down first)")
     finally:
         if load is not None:
             load.stop()

@@ -8,6 +8,9 @@
   each pod by the serving image's init container: a container sees only its image, what the fetch
   wrote and what is mounted, never a host path. MiniLM (v1, v2), MiniLM with the mangled handler (v4)
   and the generative demo model (:mod:`localcluster.genmodel`) alike, on either node.
+* **The lock.** One real kubelet per machine: on the real node the demo holds
+  ``/tmp/modeldeploy-realnode.lock`` (as ``make test``'s real-node tier does) from ``up`` to ``down``,
+  waiting with a printed line while someone else has it, unless its caller (``flock ... demo``) holds it.
 * **Resources.** The real node has what this machine has (its cores) and the fake device plugin's two
   GPUs; at the busiest moment three MiniLM revisions and a shadow share it. There each MiniLM pod asks
   for 250m CPU and no GPU (still scheduled by the GPU node's label and toleration), the writer 500m.
@@ -15,11 +18,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +37,7 @@ from .state import REPO_ROOT
 SERVER_IMAGE = "docker.io/modeldeploy/modelserver:dev"
 BUCKET = "models"
 SECRET = "s3-credentials"
+LOCK = Path("/tmp/modeldeploy-realnode.lock")
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,48 @@ def choose_node(env: Mapping[str, str] = os.environ) -> NodeChoice:
         f"the pods run in containers of {SERVER_IMAGE} on a real node (kubelet + containerd + runc;"
         f" images from {source}); DEMO_NODE=agent runs them under the process agent instead",
     )
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return pids
+
+
+def lock_holders(path: Path, locks: str | None = None) -> set[int]:
+    """The pids holding a flock on ``path`` (``/proc/locks``; waiters, marked ``->``, are not holders)."""
+    inode = str(path.stat().st_ino)
+    text = Path("/proc/locks").read_text() if locks is None else locks
+    holders = set()
+    for line in text.splitlines():
+        f = line.split()  # 1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF
+        if len(f) >= 6 and f[1] == "FLOCK" and f[5].rsplit(":", 1)[-1] == inode:
+            holders.add(int(f[4]))
+    return holders
+
+
+@contextlib.contextmanager
+def real_node_lock(choice: NodeChoice, path: Path = LOCK) -> Iterator[None]:
+    """The one-real-kubelet-per-machine lock, held for the demo on the real node (see the module)."""
+    if not choice.real:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not lock_holders(path) & _ancestors():
+                print(f"waiting for {path}: another real node (a test run?) holds it", flush=True)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def minilm_dir() -> Path:

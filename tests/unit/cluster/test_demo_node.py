@@ -60,3 +60,37 @@ def test_minilm_resources_on_the_real_node_only() -> None:
     assert doc["spec"]["resources"] == {"cpu": "250m", "memory": "2Gi"}
     assert writer_resources(NodeChoice("containerd", ""))["cpu"] == "500m"
     assert writer_resources(NodeChoice("process", ""))["cpu"] == "1"
+
+
+def test_lock_holders_reads_proc_locks(tmp_path: Path) -> None:
+    lock = tmp_path / "lock"
+    lock.touch()
+    ino = lock.stat().st_ino
+    text = (
+        f"1: FLOCK  ADVISORY  WRITE 4242 fd:01:{ino} 0 EOF\n"
+        f"1: -> FLOCK  ADVISORY  WRITE 4343 fd:01:{ino} 0 EOF\n"  # a waiter
+        "2: POSIX  ADVISORY  WRITE 99 fd:01:1 0 EOF\n"
+    )
+    assert demo_node.lock_holders(lock, text) == {4242}
+
+
+def test_the_lock_is_taken_on_the_real_node_and_passed_through_under_a_caller_holding_it(
+    tmp_path: Path,
+) -> None:
+    import fcntl
+    import os
+
+    lock = tmp_path / "lock"
+    with demo_node.real_node_lock(NodeChoice("containerd", ""), lock):
+        fd = os.open(lock, os.O_RDWR)
+        with pytest.raises(BlockingIOError):  # held for the demo
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.close(fd)
+    # a caller (here this process: an ancestor of itself) holds it: the demo goes on without waiting
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with demo_node.real_node_lock(NodeChoice("containerd", ""), lock):
+            pass
+    finally:
+        os.close(fd)
