@@ -136,7 +136,7 @@ cluster-up: deps
 cluster-down: venv
 	$(PY) -m localcluster down
 
-demo: deps
+demo: deps images
 	$(PY) -m localcluster demo
 
 # mosec and TorchServe (bench.serving_torchserve; it needs Java 17+), the peers of bench.serving_mosec, are
