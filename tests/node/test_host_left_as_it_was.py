@@ -1,6 +1,6 @@
 """``down`` leaves the machine as ``up --node containerd`` found it: no process, mount, cgroup, route,
-namespace, host path or sysctl of the real node is left. Runs before the session's cluster starts (file
-order), so that cluster's ``up`` is also the second ``up`` on this machine."""
+namespace, host path or sysctl of the real node is left. Runs before the session's cluster starts
+(conftest.py's OWN_NODE_MODULES), so that cluster's ``up`` is also the second ``up`` on this machine."""
 
 from __future__ import annotations
 
