@@ -61,7 +61,8 @@ E2E_CHART := E2E_OPERATOR=chart $(PYTEST) tests/e2e/test_canary.py -k good_revis
 # (ruff, mypy, shellcheck, hadolint, the unit tests but the chart's). The Go build is CPU-bound on two
 # cores while pip, ruff, mypy and pytest mostly use one, so on a fresh machine this hides most of
 # them behind the build (docs/local-cluster.md, "Set-up time"). Then, in order, what needs the
-# binaries: helm lint, the chart's unit tests, and the cluster tiers.
+# binaries: helm lint, the images (make images: seconds when unchanged), the chart's unit tests, and the
+# cluster tiers.
 test: system-packages
 	@$(MAKE) --no-print-directory -j2 --output-sync=target test-setup
 	@$(MAKE) --no-print-directory test-cluster
