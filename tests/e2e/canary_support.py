@@ -28,10 +28,12 @@ import math
 import os
 import random
 import subprocess
+import sys
 import threading
 import time
 import traceback
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from typing import Any
 import httpx
 from localcluster.kubeapi import service_url
 from localcluster.operator_process import OperatorProcess
+from localcluster.state import REPO_ROOT
 from localcluster.testing import Kube, wait_for
 
 GROUP_PATH = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}"
@@ -475,6 +478,36 @@ def pids(kube: Kube, ns: str, name: str, revision: str) -> dict[str, tuple[str, 
         cs = ((p.get("status") or {}).get("containerStatuses") or [{}])[0]
         out[p["metadata"]["name"]] = (cs.get("containerID", ""), int(cs.get("restartCount", 0)))
     return out
+
+
+def storage(s3: Any, **over: Any) -> dict[str, Any]:
+    """``spec.model.storage`` for the cluster's object store (an ObjectStore), credentials from the
+    ``s3-credentials`` Secret; ``over`` adds or replaces fields."""
+    return {
+        "endpoint": s3.url,
+        "region": s3.region,
+        "addressingStyle": "path",
+        "secretRef": {"name": "s3-credentials"},
+        "timeout": "2m",
+        **over,
+    }
+
+
+def apply_crds(kube: Kube) -> None:
+    """The repository's CRDs, applied and established."""
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
+    kube.api.wait_established("modeldeployments.modeldeploy.io")
+
+
+def run_operator(kube: Kube, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The body of an operator fixture: the operator out of cluster (admin credentials), live, stopped
+    at the end with its log's tail on stderr."""
+    op = OperatorProcess(kube.cluster, log_path)
+    try:
+        yield op.wait_live().proc
+    finally:
+        op.stop()
+        sys.stderr.write(f"\n--- operator log (tail) ---\n{op.log_tail()}\n")
 
 
 def start_operator(kube: Kube, log_path: Any) -> Any:

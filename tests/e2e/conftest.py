@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from localcluster.operator_process import OperatorProcess
 from localcluster.state import REPO_ROOT
 from localcluster.testing import Kube, wait_for
 
+from .canary_support import apply_crds, run_operator
 from .fake_prometheus import DrippingPrometheus, GarbagePrometheus
 
 
@@ -30,8 +30,7 @@ def minilm_model(uri: str | None = None) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def crds(kube: Kube) -> None:
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
-    kube.api.wait_established("modeldeployments.modeldeploy.io")
+    apply_crds(kube)
 
 
 @pytest.fixture(scope="session")
@@ -46,12 +45,7 @@ def operator(
         # ServiceAccount token and RBAC, so the scenarios prove the RBAC is sufficient.
         yield from _chart_operator(kube, tmp_path_factory)
         return
-    op = OperatorProcess(kube.cluster, tmp_path_factory.mktemp("operator") / "operator.log")
-    try:
-        yield op.wait_live().proc
-    finally:
-        op.stop()
-        sys.stderr.write(f"\n--- operator log (tail) ---\n{op.log_tail()}\n")
+    yield from run_operator(kube, tmp_path_factory.mktemp("operator") / "operator.log")
 
 
 def _chart_operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
@@ -66,13 +60,7 @@ def _chart_operator(kube: Kube, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         yield None
     finally:
-        refused = [
-            e
-            for e in cc.audit_events_of(kube, rel.user)
-            if (e.get("responseStatus") or {}).get("code") == 403
-            # not RBAC: events about a test namespace that is already being deleted
-            and "being terminated" not in (e.get("responseStatus") or {}).get("message", "")
-        ]
+        refused = cc.rbac_refusals(kube, rel.user)
         log = cc.operator_log(kube, pod)
         sys.stderr.write(f"\n--- chart operator log (tail) ---\n{log[-4000:]}\n")
         helm("uninstall", rel.name, "--namespace", rel.namespace, check=False)

@@ -20,7 +20,7 @@ from localcluster.kubeapi import service_url
 from localcluster.objectstore import ObjectStore
 from localcluster.testing import Kube, wait_for
 
-from .canary_support import LoadGenerator, md_status, noop_md, wait_for_event
+from .canary_support import LoadGenerator, md_status, noop_md, storage, wait_for_event
 from .conftest import minilm_model, minilm_uri
 
 MD = "/apis/modeldeploy.io/v1alpha1/namespaces/{ns}/modeldeployments/{name}"
@@ -51,17 +51,6 @@ def store(kube: Kube, operator: Any, s3: ObjectStore) -> Iterator[dict[str, Any]
         )
     yield {"ns": ns, "bucket": bucket, "s3": s3}
     kube.api.delete(f"/api/v1/namespaces/{ns}")
-
-
-def storage(s3: ObjectStore, **over: Any) -> dict[str, Any]:
-    return {
-        "endpoint": s3.url,
-        "region": s3.region,
-        "addressingStyle": "path",
-        "secretRef": {"name": "s3-credentials"},
-        "timeout": "2m",
-        **over,
-    }
 
 
 def minilm_md(name: str, uri: str, **model: Any) -> dict[str, Any]:

@@ -7,13 +7,11 @@ operators must never reconcile the same ModelDeployments."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from localcluster.operator_process import OperatorProcess
-from localcluster.state import REPO_ROOT
+from e2e.canary_support import apply_crds, run_operator
 from localcluster.testing import Kube
 
 #: the serving image as ``make images`` names it (imported into the node's containerd at ``up``)
@@ -22,20 +20,14 @@ SERVER_IMAGE = "docker.io/modeldeploy/modelserver:dev"
 
 @pytest.fixture(scope="session")
 def md_crds(kube: Kube) -> None:
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
-    kube.api.wait_established("modeldeployments.modeldeploy.io")
+    apply_crds(kube)
 
 
 @pytest.fixture(scope="module")
 def md_operator(
     kube: Kube, md_crds: None, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[subprocess.Popen[bytes]]:
-    op = OperatorProcess(kube.cluster, tmp_path_factory.mktemp("operator") / "operator.log")
-    try:
-        yield op.wait_live().proc
-    finally:
-        op.stop()
-        sys.stderr.write(f"\n--- operator log (tail) ---\n{op.log_tail()}\n")
+    yield from run_operator(kube, tmp_path_factory.mktemp("operator") / "operator.log")
 
 
 def noop_md(name: str, version: str, memory: str, **rollout: Any) -> dict[str, Any]:

@@ -44,10 +44,12 @@ from localcluster.testing import Kube, WaitTimeout, wait_for
 from tests.e2e.canary_support import (
     LoadGenerator,
     Record,
+    apply_crds,
     gateway_routing,
     md_status,
     noop_md,
     pids,
+    storage,
 )
 from tests.e2e.conftest import minilm_model, minilm_uri
 from tests.node.support import missing_image
@@ -98,8 +100,7 @@ def release(
 ) -> Iterator[cc.Release]:
     """The chart, cluster-wide, with the operator as a pod on the real node; at the end, no request of
     the operator's ServiceAccount refused (the audit log), and the operator's log on stderr."""
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
-    kube.api.wait_established("modeldeployments.modeldeploy.io")
+    apply_crds(kube)
     helm = cc.Helm(kube.kubeconfig, tmp_path_factory.mktemp("helm"))
     rel = cc.Release(name="node", namespace="modeldeploy-system", watched=[])
     cc.create_namespace(kube, rel.namespace, cc.RESTRICTED)
@@ -117,12 +118,7 @@ def release(
     try:
         yield rel
     finally:
-        refused = [
-            e
-            for e in cc.audit_events_of(kube, rel.user)
-            if (e.get("responseStatus") or {}).get("code") == 403
-            and "being terminated" not in (e.get("responseStatus") or {}).get("message", "")
-        ]
+        refused = cc.rbac_refusals(kube, rel.user)
         log = cc.operator_log(kube, pod)
         sys.stderr.write(f"\n--- the chart's operator log (tail) ---\n{log[-4000:]}\n")
         helm("uninstall", rel.name, "--namespace", rel.namespace, "--wait", check=False)
@@ -336,13 +332,7 @@ def test_an_s3_model_is_fetched_by_the_init_container_and_served(
         "spec": {
             "model": {
                 **minilm_model(f"s3://{bucket}/minilm/v1/"),
-                "storage": {
-                    "endpoint": s3.url,
-                    "region": s3.region,
-                    "addressingStyle": "path",
-                    "secretRef": {"name": "s3-credentials"},
-                    "timeout": "2m",
-                },
+                "storage": storage(s3),
             },
             "replicas": 1,
             "resources": {"cpu": "500m", "memory": "1536Mi"},

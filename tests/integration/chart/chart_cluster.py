@@ -197,6 +197,17 @@ def audit_events_of(kube: Any, user: str) -> list[dict[str, Any]]:
     return [ev for ev in completed(path) if (ev.get("user") or {}).get("username") == user]
 
 
+def rbac_refusals(kube: Any, user: str) -> list[dict[str, Any]]:
+    """The audit events of ``user`` that RBAC refused (403), but for events about a namespace that is
+    already being deleted (a test's teardown, not the chart's RBAC)."""
+    return [
+        e
+        for e in audit_events_of(kube, user)
+        if (e.get("responseStatus") or {}).get("code") == 403
+        and "being terminated" not in (e.get("responseStatus") or {}).get("message", "")
+    ]
+
+
 def can_i(
     kube: Any, user: str, verb: str, resource: str, namespace: str | None = None, subresource: str = ""
 ) -> bool:
